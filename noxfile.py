@@ -1,0 +1,77 @@
+"""Entry points. `nox -s tests` (unit tests, fresh venv), `nox -s lint`, `nox -s readme` (regenerate the
+matrix table), and `nox -s smoke` / `nox -s bench`, which check the CURRENT environment as it is (an image,
+a GPU machine): they create no venv, so what they test is what the user runs."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+import os
+import socket
+import sys
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+PY = "3.11"
+TORCH_CPU = "torch==2.13.0"  # the matrix's CPU cell (matrix.yaml build.cpu)
+TEST_DEPS = ["pytest==9.2.0", "jsonschema==4.26.0", "numpy", "matplotlib==3.11.2"]
+
+
+def _current_env(session: nox.Session) -> dict[str, str]:
+    """Run against the checkout's attnkit when the current Python does not have it installed."""
+    env = {"PYTHONUNBUFFERED": "1"}
+    if importlib.util.find_spec("attnkit") is None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
+    return env
+
+
+def _report_path(kind: str) -> str:
+    """docs/results/<date>-<host>-<kind>.json unless ATTNKIT_REPORT_DIR says where."""
+    out = Path(os.environ.get("ATTNKIT_REPORT_DIR", ROOT / "docs" / "results"))
+    label = os.environ.get("ATTNKIT_MACHINE_LABEL") or socket.gethostname().split(".")[0]
+    return str(out / f"{dt.date.today().isoformat()}-{label}-{kind}.json")
+
+
+@nox.session(python=PY)
+def tests(session: nox.Session) -> None:
+    """Unit tests and CPU numerics, in a fresh venv with the CPU cell's torch."""
+    session.install("-e", ".[test]", TORCH_CPU, *TEST_DEPS)
+    session.run("pytest", "-m", "not smoke", "-q", *session.posargs)
+
+
+@nox.session(python=PY)
+def lint(session: nox.Session) -> None:
+    session.install("-e", ".", "ruff==0.17.6", "mypy==2.4.1", "types-PyYAML")
+    session.run("ruff", "check", "src", "tests", "noxfile.py")
+    session.run("mypy")
+
+
+@nox.session(python=PY)
+def readme(session: nox.Session) -> None:
+    """Regenerate the README's matrix table from matrix.yaml (`-- --check` only checks)."""
+    session.install("-e", ".")
+    session.run("attnkit", "readme", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def smoke(session: nox.Session) -> None:
+    """Check THIS environment: doctor, then every available backend's numerics; writes a JSON report."""
+    env = _current_env(session)
+    session.run(sys.executable, "-m", "attnkit.cli", "doctor", env=env)
+    report = session.posargs[0] if session.posargs else _report_path("smoke")
+    session.run(sys.executable, "-m", "pytest", "-m", "smoke", "-q", "-rs", "-p", "no:cacheprovider",
+                str(ROOT / "tests" / "test_smoke.py"), "--smoke-report", report, env=env)
+    session.log(f"smoke report: {report}")
+
+
+@nox.session(venv_backend="none")
+def bench(session: nox.Session) -> None:
+    """Benchmark THIS environment's backends side by side; JSON + PNG chart."""
+    env = _current_env(session)
+    out = session.posargs[0] if session.posargs else _report_path("bench")
+    session.run(sys.executable, "-m", "attnkit.cli", "bench", "--out", out, *session.posargs[1:], env=env)

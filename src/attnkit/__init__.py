@@ -1,0 +1,33 @@
+"""attnkit: prebuilt attention wheels and images, and one attention() over the fastest working backend.
+
+Importing attnkit is cheap: torch, flash_attn and xformers are imported only when the runtime is used.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:  # pragma: no cover
+    from attnkit.runtime.attention import attention, pack, unpack
+    from attnkit.runtime.probe import probe
+
+_LAZY = {
+    "attention": "attnkit.runtime.attention",
+    "pack": "attnkit.runtime.attention",
+    "unpack": "attnkit.runtime.attention",
+    "probe": "attnkit.runtime.probe",
+    "select": "attnkit.runtime.select",
+}
+
+__all__ = ["__version__", "attention", "pack", "probe", "select", "unpack"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'attnkit' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,236 @@
+"""Expand a validated Matrix into concrete cells (torch x CUDA|cpu x Python), apply include/exclude rules
+and user filters, and check every requested combination against the compatibility facts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from attnkit.errors import AttnkitError
+from attnkit.matrix import naming
+from attnkit.matrix.schema import VARIANTS, CellSpec, Matrix, Package, vkey
+
+
+@dataclass(frozen=True)
+class PackageBuild:
+    """One package as built for one cell."""
+
+    name: str
+    version: str
+    archs: tuple[str, ...]  # SM numbers ("90") or TORCH_CUDA_ARCH_LIST entries ("9.0"), per the package
+    wheel: str
+
+
+@dataclass(frozen=True)
+class Cell:
+    torch: str
+    torch_version: str
+    cuda: str | None
+    python: str
+    cxx11_abi: bool
+    cuda_experimental: bool
+    cuda_archs: tuple[str, ...]
+    packages: tuple[PackageBuild, ...]
+    base_images: dict[str, str] = field(hash=False, compare=False)
+    image_tags: dict[str, list[str]] = field(hash=False, compare=False)
+    moving_tags: dict[str, list[str]] = field(hash=False, compare=False)
+
+    @property
+    def id(self) -> str:
+        return naming.cell_id(self.torch, self.cuda, self.python)
+
+    def package(self, name: str) -> PackageBuild | None:
+        return next((p for p in self.packages if p.name == name), None)
+
+
+@dataclass(frozen=True)
+class CellFilter:
+    torch: str | None = None
+    cuda: str | None = None  # "X.Y" or "cpu"
+    python: str | None = None
+    package: str | None = None
+
+
+def combination_reasons(m: Matrix, torch: str | None, cuda: str | None, python: str | None) -> list[str]:
+    """Why (torch, cuda, python) cannot exist, per PyTorch's release table; [] when it can.
+
+    `cuda` is "X.Y", "cpu" or None (any); missing parts match anything.
+    """
+    reasons: list[str] = []
+    if torch is not None and torch not in m.torch:
+        known = ", ".join(sorted(m.torch, key=vkey))
+        return [f"torch {torch} is not in the matrix (known: {known})"]
+    if cuda not in (None, "cpu") and cuda not in m.cuda:
+        known = ", ".join(sorted(m.cuda, key=vkey))
+        return [f"CUDA {cuda} is not in the matrix (known: {known}, or cpu)"]
+    releases = [torch] if torch is not None else list(m.torch)
+    for minor in releases:
+        rel = m.torch[minor]
+        why: list[str] = []
+        if cuda not in (None, "cpu") and cuda not in rel.all_cuda():
+            why.append(f"torch {minor} does not ship CUDA {cuda} (it ships {', '.join(rel.all_cuda())}; "
+                       f"source: {rel.source})")
+        if python is not None and not rel.python.contains(python):
+            why.append(f"torch {minor} supports Python {rel.python.min}-{rel.python.max}, not {python} "
+                       f"(source: {rel.source})")
+        if not why:
+            return []
+        reasons.extend(why)
+    return reasons if torch is not None else [f"no torch release fits: {'; '.join(reasons)}"]
+
+
+def package_reasons(pkg_name: str, pkg: Package, torch: str, cuda: str | None) -> list[str]:
+    """Why a package is not built for a cell; [] when it is."""
+    lim = pkg.limits
+    if cuda is None:
+        return [f"{pkg_name} needs CUDA (this is a CPU cell)"]
+    reasons = []
+    if vkey(cuda) < vkey(lim.min_cuda):
+        reasons.append(f"{pkg_name} {pkg.version} needs CUDA >= {lim.min_cuda}")
+    if vkey(torch) < vkey(lim.min_torch):
+        reasons.append(f"{pkg_name} {pkg.version} needs torch >= {lim.min_torch}")
+    return reasons
+
+
+def _package_archs(m: Matrix, pkg: Package, cuda: str) -> tuple[str, ...]:
+    if pkg.archs == "torch":
+        return tuple(m.cuda[cuda].torch_arch_list)
+    return tuple(a.sm for a in pkg.archs if vkey(cuda) >= vkey(a.min_cuda))
+
+
+def _matches(spec: CellSpec, torch: str, cuda: str | None, python: str) -> bool:
+    return ((spec.torch is None or spec.torch == torch)
+            and (spec.cuda is None or spec.cuda == cuda)
+            and (spec.python is None or spec.python == python))
+
+
+def _newest_python(cells: list[tuple[str, str | None, str]]) -> dict[tuple[str, str | None], str]:
+    newest: dict[tuple[str, str | None], str] = {}
+    for torch, cuda, python in cells:
+        cur = newest.get((torch, cuda))
+        if cur is None or vkey(python) > vkey(cur):
+            newest[(torch, cuda)] = python
+    return newest
+
+
+def _make_cell(m: Matrix, torch: str, cuda: str | None, python: str, newest: bool) -> Cell:
+    rel = m.torch[torch]
+    packages: list[PackageBuild] = []
+    if cuda is not None:
+        for name, pkg in m.packages.items():
+            if package_reasons(name, pkg, torch, cuda):
+                continue
+            wheel = naming.wheel_filename(name, pkg.version, cuda=cuda, torch=torch, cxx11_abi=rel.cxx11_abi,
+                                          python=python, wheel_tag=pkg.wheel_tag,
+                                          machine=naming.platform_machine(m.publish.platforms[0]))
+            packages.append(PackageBuild(name, pkg.version, _package_archs(m, pkg, cuda), wheel))
+    images = m.cuda[cuda].images if cuda is not None else m.cpu.images
+    cid = naming.cell_id(torch, cuda, python)
+    ref = m.reference_cell
+    is_ref = (ref.torch, ref.cuda, ref.python) == (torch, cuda, python)
+    return Cell(
+        torch=torch,
+        torch_version=rel.version,
+        cuda=cuda,
+        python=python,
+        cxx11_abi=rel.cxx11_abi,
+        cuda_experimental=cuda is not None and cuda in rel.cuda.experimental,
+        cuda_archs=tuple(m.cuda[cuda].torch_arch_list) if cuda is not None else (),
+        packages=tuple(packages),
+        base_images={v: getattr(images, v).ref() for v in VARIANTS},
+        image_tags={v: [naming.image_tag(m.publish.registry, m.publish.image, cid, v)] for v in VARIANTS},
+        moving_tags={v: naming.moving_tags(m.publish.registry, m.publish.image, torch, cuda, v, newest, is_ref)
+                     for v in VARIANTS},
+    )
+
+
+def rule_problems(m: Matrix) -> list[tuple[tuple[str | int, ...], str]]:
+    """Include/cpu/reference cells that PyTorch's table forbids: (location, message) each."""
+    out: list[tuple[tuple[str | int, ...], str]] = []
+    for i, spec in enumerate(m.build.include):
+        if spec.torch is None or spec.cuda is None or spec.python is None:
+            out.append((("build", "include", i), "needs torch, cuda and python"))
+            continue
+        why = combination_reasons(m, spec.torch, spec.cuda, spec.python)
+        if why:
+            out.append((("build", "include", i), "; ".join(why)))
+    for i, cpu in enumerate(m.build.cpu):
+        why = combination_reasons(m, cpu.torch, "cpu", cpu.python)
+        if why:
+            out.append((("build", "cpu", i), "; ".join(why)))
+    ref = m.reference_cell
+    why = combination_reasons(m, ref.torch, ref.cuda, ref.python)
+    if why:
+        out.append((("reference_cell",), "; ".join(why)))
+    return out
+
+
+def all_cells(m: Matrix) -> list[Cell]:
+    """Every cell the build rules produce, CUDA cells first, sorted by torch, CUDA, Python."""
+    problems = rule_problems(m)
+    if problems:
+        loc, msg = problems[0]
+        raise AttnkitError(f"matrix {'.'.join(map(str, loc))}: {msg}")
+    triples: list[tuple[str, str | None, str]] = []
+    for torch in sorted(m.torch, key=vkey):
+        rel = m.torch[torch]
+        for cuda in rel.cuda.stable:
+            for python in m.build.python:
+                if rel.python.contains(python):
+                    triples.append((torch, cuda, python))
+    triples = [t for t in triples if not any(_matches(s, *t) for s in m.build.exclude)]
+    for spec in m.build.include:
+        assert spec.torch is not None and spec.cuda is not None and spec.python is not None
+        if (spec.torch, spec.cuda, spec.python) not in triples:
+            triples.append((spec.torch, spec.cuda, spec.python))
+    triples += [(cpu.torch, None, cpu.python) for cpu in m.build.cpu]
+    triples.sort(key=lambda t: (t[1] is None, vkey(t[0]), vkey(t[1] or "0.0"), vkey(t[2])))
+    newest = _newest_python(triples)
+    return [_make_cell(m, t, c, p, newest[(t, c)] == p) for t, c, p in triples]
+
+
+def _check_filter(m: Matrix, f: CellFilter) -> None:
+    if f.package is not None and f.package not in m.packages:
+        raise AttnkitError(f"--package: unknown package {f.package!r}; allowed: {', '.join(m.packages)}")
+    why = combination_reasons(m, f.torch, f.cuda, f.python)
+    if why:
+        raise AttnkitError(f"--torch/--cuda/--python: {'; '.join(why)}")
+
+
+def expand(m: Matrix, f: CellFilter | None = None) -> list[Cell]:
+    """The cells to build, narrowed by `f`. A filter that PyTorch's table forbids, or that matches nothing,
+    is an error (an empty CI matrix should never pass silently)."""
+    f = f or CellFilter()
+    _check_filter(m, f)
+    cells = all_cells(m)
+    out = [
+        c for c in cells
+        if (f.torch is None or c.torch == f.torch)
+        and (f.cuda is None or (c.cuda or "cpu") == f.cuda)
+        and (f.python is None or c.python == f.python)
+        and (f.package is None or c.package(f.package) is not None)
+    ]
+    if not out:
+        asked = ", ".join(f"--{k} {v}" for k, v in vars(f).items() if v is not None)
+        if f.package is not None and f.cuda == "cpu":
+            raise AttnkitError(f"{asked}: {f.package} needs CUDA; CPU cells carry no prebuilt wheels")
+        if f.package is not None:
+            pkg = m.packages[f.package]  # type: ignore[index]  # checked by _check_filter
+            lim = pkg.limits
+            raise AttnkitError(f"{asked}: no cell is built for {f.package} {pkg.version} (it needs torch >= "
+                               f"{lim.min_torch}, CUDA >= {lim.min_cuda})")
+        raise AttnkitError(f"{asked}: compatible, but no such cell is built; see build: in matrix.yaml "
+                           f"(include adds cells)")
+    return out
+
+
+def find_cell(m: Matrix, cid: str) -> Cell:
+    """The cell with this id, or an error listing the nearest ones."""
+    cells = all_cells(m)
+    for c in cells:
+        if c.id == cid:
+            return c
+    import difflib
+
+    near = difflib.get_close_matches(cid, [c.id for c in cells], n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(near)}?" if near else f"; see `attnkit matrix` ({len(cells)} cells)"
+    raise AttnkitError(f"--cell: unknown cell {cid!r}{hint}")

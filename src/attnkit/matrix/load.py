@@ -1,0 +1,162 @@
+"""Read matrix.yaml into a validated `Matrix`, turning every failure into ONE line that names the file,
+the field, its line where known, and what is allowed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from attnkit.errors import AttnkitError
+from attnkit.matrix.schema import Matrix, cross_problems
+
+Path_ = tuple[str | int, ...]
+
+# Repository checkout: src/attnkit/matrix/load.py -> repo root.
+_REPO_ROOT = Path(__file__).resolve().parents[3]
+DEFAULT_MATRIX = _REPO_ROOT / "matrix.yaml"
+
+
+def default_matrix_path() -> Path:
+    """$ATTNKIT_MATRIX, else ./matrix.yaml, else the checkout's matrix.yaml."""
+    env = os.environ.get("ATTNKIT_MATRIX")
+    if env:
+        return Path(env)
+    here = Path.cwd() / "matrix.yaml"
+    return here if here.is_file() else DEFAULT_MATRIX
+
+
+class _LineLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (YAML would silently keep the last one)."""
+
+
+def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark
+            )
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _line_index(node: yaml.Node | None, path: Path_ = (), out: dict[Path_, int] | None = None) -> dict[Path_, int]:
+    """Map every key path to its 1-based line in the file."""
+    out = {} if out is None else out
+    if node is None:
+        return out
+    out.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            child = (*path, str(key_node.value))
+            out[child] = key_node.start_mark.line + 1
+            _line_index(value_node, child, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _line_index(item, (*path, i), out)
+    return out
+
+
+def _nearest_line(lines: dict[Path_, int], loc: Path_) -> int | None:
+    for cut in range(len(loc), -1, -1):
+        key = tuple(str(p) if not isinstance(p, int) else p for p in loc[:cut])
+        if key in lines:
+            return lines[key]
+    return None
+
+
+def _dotted(loc: Path_) -> str:
+    parts: list[str] = []
+    for p in loc:
+        if isinstance(p, int):
+            parts.append(f"[{p}]")
+        else:
+            parts.append(("." if parts else "") + str(p))
+    return "".join(parts) or "(top level)"
+
+
+def _explain(err: dict[str, Any]) -> str:
+    """Rephrase pydantic's message into what is allowed."""
+    kind, value, ctx = err["type"], err.get("input"), err.get("ctx") or {}
+    if kind == "extra_forbidden":
+        return "unknown key; remove it or check its spelling"
+    if kind == "missing":
+        return "required field is missing"
+    if kind == "string_type" and isinstance(value, float):
+        return f"got the number {value!r}; quote versions in YAML (e.g. \"2.10\", since 2.10 reads as 2.1)"
+    if kind == "literal_error":
+        return f"got {value!r}; allowed: {ctx.get('expected', '?')}"
+    if kind in ("string_type", "bool_type", "list_type", "dict_type", "int_type", "model_type"):
+        expected = {"string_type": "a string", "bool_type": "true or false", "list_type": "a list",
+                    "dict_type": "a mapping", "int_type": "an integer", "model_type": "a mapping"}[kind]
+        return f"expected {expected}, got {type(value).__name__} {value!r}"
+    if kind == "too_short":
+        return "must not be empty"
+    if kind == "string_pattern_mismatch":
+        return f"got {value!r}; must match {ctx.get('pattern')}"
+    msg = str(err.get("msg", "invalid value"))
+    return msg.removeprefix("Value error, ")
+
+
+def format_validation_error(source: str, exc: ValidationError, lines: dict[Path_, int]) -> str:
+    errors = exc.errors(include_url=False)
+    first: dict[str, Any] = dict(errors[0])
+    loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    line = _nearest_line(lines, loc)
+    where = f"{source}:{line}" if line else source
+    more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
+    return f"{where}: {_dotted(loc)}: {_explain(first)}{more}"
+
+
+def parse_matrix(text: str, source: str) -> Matrix:
+    """Validate matrix text; `source` names it in errors."""
+    if not text.strip():
+        raise AttnkitError(f"{source}: file is empty; expected a mapping with schema_version, torch, cuda, ...")
+    try:
+        node = yaml.compose(text, Loader=_LineLoader)
+        data = yaml.load(text, Loader=_LineLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = f":{mark.line + 1}" if mark else ""
+        raise AttnkitError(f"{source}{line}: YAML syntax error: {exc.problem or exc.context}") from None
+    except yaml.YAMLError as exc:
+        raise AttnkitError(f"{source}: YAML error: {str(exc).splitlines()[0]}") from None
+    if data is None:
+        raise AttnkitError(f"{source}: file is empty (no YAML content); expected a mapping with schema_version, torch, cuda, ...")
+    if not isinstance(data, dict):
+        raise AttnkitError(f"{source}:1: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        m = Matrix.model_validate(data)
+    except ValidationError as exc:
+        raise AttnkitError(format_validation_error(source, exc, _line_index(node))) from None
+    from attnkit.matrix.expand import rule_problems
+
+    problems = cross_problems(m) or rule_problems(m)
+    if problems:
+        loc, msg = problems[0]
+        at = _nearest_line(_line_index(node), loc)
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise AttnkitError(f"{source}{f':{at}' if at else ''}: {_dotted(loc)}: {msg}{more}")
+    return m
+
+
+def load_matrix(path: str | Path | None = None) -> Matrix:
+    """Load and validate a matrix file (default: the repository's matrix.yaml)."""
+    p = Path(path) if path is not None else default_matrix_path()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise AttnkitError(f"{p}: no such file; pass --file PATH to a matrix.yaml") from None
+    except IsADirectoryError:
+        raise AttnkitError(f"{p}: is a directory; pass --file PATH to a matrix.yaml") from None
+    except UnicodeDecodeError:
+        raise AttnkitError(f"{p}: not UTF-8 text; matrix.yaml must be a UTF-8 YAML file") from None
+    return parse_matrix(text, str(p))

@@ -1,0 +1,220 @@
+"""The validated model of matrix.yaml.
+
+Types carry the rules (version formats, closed key sets) so a malformed file fails at load time with
+a message naming the field; cross-field facts (a CUDA named by a torch release must be described under
+`cuda:`) are checked in `Matrix`'s validator so the same one-line error path reports them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from packaging.version import InvalidVersion, Version
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+_MINOR_RE = re.compile(r"^\d+\.\d+$")
+_SM_RE = re.compile(r"^\d{2,3}$")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def _minor(value: str) -> str:
+    if not _MINOR_RE.match(value):
+        raise ValueError(f"{value!r} is not a MAJOR.MINOR version such as '12.8'")
+    return value
+
+
+def _release(value: str) -> str:
+    try:
+        Version(value)
+    except InvalidVersion:
+        raise ValueError(f"{value!r} is not a PEP 440 version such as '2.11.0'") from None
+    return value
+
+
+def _sm(value: str) -> str:
+    if not _SM_RE.match(value):
+        raise ValueError(f"{value!r} is not an SM number such as '90'")
+    return value
+
+
+def _arch(value: str) -> str:
+    if not re.match(r"^\d+\.\d+(\+PTX)?$", value):
+        raise ValueError(f"{value!r} is not a TORCH_CUDA_ARCH_LIST entry such as '9.0'")
+    return value
+
+
+def _sha256(value: str) -> str:
+    if not _SHA256_RE.match(value):
+        raise ValueError("must be 64 lowercase hex digits")
+    return value
+
+
+def _digest(value: str | None) -> str | None:
+    if value is not None and not _DIGEST_RE.match(value):
+        raise ValueError(f"{value!r} is not an image digest 'sha256:<64 hex>'")
+    return value
+
+
+MinorVersion = Annotated[str, AfterValidator(_minor)]
+ReleaseVersion = Annotated[str, AfterValidator(_release)]
+SmNumber = Annotated[str, AfterValidator(_sm)]
+ArchEntry = Annotated[str, AfterValidator(_arch)]
+Sha256 = Annotated[str, AfterValidator(_sha256)]
+Digest = Annotated[str | None, AfterValidator(_digest)]
+Variant = Literal["runtime", "devel"]
+VARIANTS: tuple[Variant, ...] = ("runtime", "devel")
+
+
+def vkey(value: str) -> Version:
+    """Sort/compare key for MAJOR.MINOR strings ('2.9' < '2.10')."""
+    return Version(value)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class PythonRange(_Strict):
+    min: MinorVersion
+    max: MinorVersion
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PythonRange:
+        if vkey(self.min) > vkey(self.max):
+            raise ValueError(f"python.min {self.min} is newer than python.max {self.max}")
+        return self
+
+    def contains(self, python: str) -> bool:
+        return vkey(self.min) <= vkey(python) <= vkey(self.max)
+
+
+class TorchCuda(_Strict):
+    stable: list[MinorVersion] = Field(min_length=1)
+    experimental: list[MinorVersion] = Field(default_factory=list)
+
+
+class TorchRelease(_Strict):
+    version: ReleaseVersion
+    python: PythonRange
+    cuda: TorchCuda
+    cxx11_abi: bool
+    source: str
+
+    def all_cuda(self) -> list[str]:
+        return [*self.cuda.stable, *self.cuda.experimental]
+
+
+class ImageRef(_Strict):
+    image: str = Field(min_length=1)
+    digest: Digest = None
+
+    def ref(self) -> str:
+        """The reference a build should use: pinned by digest when one is recorded."""
+        return f"{self.image}@{self.digest}" if self.digest else self.image
+
+
+class Images(_Strict):
+    runtime: ImageRef
+    devel: ImageRef
+
+
+class CudaToolkit(_Strict):
+    torch_arch_list: list[ArchEntry] = Field(min_length=1)
+    toolkit_pypi: str
+    images: Images
+
+
+class CpuSection(_Strict):
+    images: Images
+
+
+class Sdist(_Strict):
+    url: str = Field(pattern=r"^https://")
+    sha256: Sha256
+
+
+class PackageArch(_Strict):
+    sm: SmNumber
+    min_cuda: MinorVersion
+
+
+class PackageLimits(_Strict):
+    min_cuda: MinorVersion
+    min_torch: MinorVersion
+    min_compute_capability: MinorVersion
+
+
+class Package(_Strict):
+    version: ReleaseVersion
+    import_name: str
+    extension: str
+    sdist: Sdist
+    wheel_tag: Literal["cpython", "py39-none"]
+    archs: list[PackageArch] | Literal["torch"]
+    limits: PackageLimits
+    source: str
+
+
+class Publish(_Strict):
+    registry: str
+    image: str = Field(pattern=r"^[a-z0-9][a-z0-9._/-]*$")
+    wheel_index: str = Field(pattern=r"^https?://")
+    platforms: list[Literal["linux/amd64", "linux/arm64"]] = Field(min_length=1)
+
+
+class CellSpec(_Strict):
+    """A partial cell: missing keys match anything (used by include/exclude rules)."""
+
+    torch: MinorVersion | None = None
+    cuda: MinorVersion | None = None
+    python: MinorVersion | None = None
+
+
+class CpuCellSpec(_Strict):
+    torch: MinorVersion
+    python: MinorVersion
+
+
+class BuildRules(_Strict):
+    python: list[MinorVersion] = Field(min_length=1)
+    include: list[CellSpec] = Field(default_factory=list)
+    exclude: list[CellSpec] = Field(default_factory=list)
+    cpu: list[CpuCellSpec] = Field(default_factory=list)
+
+
+class ReferenceCell(_Strict):
+    torch: MinorVersion
+    cuda: MinorVersion
+    python: MinorVersion
+
+
+class Matrix(_Strict):
+    schema_version: Literal[1]
+    torch: dict[MinorVersion, TorchRelease] = Field(min_length=1)
+    cuda: dict[MinorVersion, CudaToolkit] = Field(min_length=1)
+    cpu: CpuSection
+    packages: dict[Literal["flash-attn", "xformers"], Package]
+    publish: Publish
+    build: BuildRules
+    reference_cell: ReferenceCell
+
+    def torch_release(self, minor: str) -> TorchRelease:
+        return self.torch[minor]
+
+
+def cross_problems(m: Matrix) -> list[tuple[tuple[str | int, ...], str]]:
+    """Facts that span fields: (location, message) for each, so the loader can name the line."""
+    out: list[tuple[tuple[str | int, ...], str]] = []
+    for minor, release in m.torch.items():
+        parsed = Version(release.version)
+        if f"{parsed.major}.{parsed.minor}" != minor:
+            out.append((("torch", minor, "version"), f"{release.version} is not a {minor}.x release"))
+        for field_name, cudas in (("stable", release.cuda.stable), ("experimental", release.cuda.experimental)):
+            for i, cuda in enumerate(cudas):
+                if cuda not in m.cuda:
+                    known = ", ".join(sorted(m.cuda, key=vkey))
+                    out.append((("torch", minor, "cuda", field_name, i),
+                                f"CUDA {cuda} has no entry under cuda: (described: {known})"))
+    return out

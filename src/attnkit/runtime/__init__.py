@@ -1,0 +1,1 @@
+"""The runtime: probe the machine, check backends against a call, select, run."""

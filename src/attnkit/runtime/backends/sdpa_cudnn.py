@@ -1,0 +1,24 @@
+"""torch SDPA, cuDNN sub-backend: the fastest kernel on Hopper for bf16/fp16 (~1.7-1.9x FlashAttention-2
+on an H200, shared/FACTS.md). Measured there with torch 2.11 / cuDNN 9.19 (docs/results): native GQA
+(enable_gqa), head_dim up to 256 (512 has no kernel), lower-right causal bias, boolean and float masks,
+dropout."""
+
+from attnkit.runtime.backends._sdpa import SdpaBackend
+from attnkit.runtime.backends.base import Limits
+
+
+class SdpaCudnn(SdpaBackend):
+    name = "sdpa_cudnn"
+    sdp_name = "CUDNN_ATTENTION"
+    causal_bias = "wide"
+    limits = Limits(
+        min_capability=(9, 0),  # torch enables cuDNN attention by default only from Hopper on
+        dtypes=frozenset({"float16", "bfloat16"}),
+        max_head_dim=256,
+        head_dim_multiple=8,
+        gqa="native",
+        window=True,
+        alibi=True,
+        bias=True,
+        dropout=True,
+    )

@@ -1,0 +1,23 @@
+"""torch SDPA, math sub-backend: the reference. Every device, every dtype, every feature; slowest."""
+
+from attnkit.runtime.backends._sdpa import SdpaBackend
+from attnkit.runtime.backends.base import Limits
+
+
+class SdpaMath(SdpaBackend):
+    name = "sdpa_math"
+    sdp_name = "MATH"
+    causal_bias = "none"  # always attnkit's own mask: finite gradients for rows with no key
+    limits = Limits(
+        devices=frozenset({"cuda", "cpu"}),
+        dtypes=frozenset({"float16", "bfloat16", "float32", "float64"}),
+        max_head_dim=1 << 16,
+        head_dim_v_differs=True,
+        gqa="native",
+        varlen="padded",
+        window=True,
+        alibi=True,
+        bias=True,
+        dropout=True,
+        deterministic_backward=True,
+    )

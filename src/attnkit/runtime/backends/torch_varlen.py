@@ -1,0 +1,55 @@
+"""torch's own varlen FlashAttention (`torch.nn.attention.varlen.varlen_attn`, torch >= 2.10): packed
+sequences with no padding work and no extra install. Serves varlen calls only."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+from attnkit.runtime.backends.base import Backend, Limits, Params
+from attnkit.runtime.call import AttentionCall
+
+
+@functools.cache
+def _varlen() -> tuple[Any, frozenset[str]]:
+    from torch.nn.attention.varlen import varlen_attn
+
+    return varlen_attn, frozenset(inspect.signature(varlen_attn).parameters)
+
+
+class TorchVarlen(Backend):
+    name = "torch_varlen"
+    limits = Limits(
+        min_capability=(8, 0),
+        dtypes=frozenset({"float16", "bfloat16"}),
+        max_head_dim=256,
+        head_dim_multiple=8,
+        gqa="expand",
+        padded=False,
+        varlen="native",
+    )
+
+    def extra_unavailable(self, probe: Any) -> list[str]:
+        try:
+            _varlen()
+        except ImportError:
+            return [f"torch {probe.torch.version} has no torch.nn.attention.varlen (needs torch >= 2.10)"]
+        return []
+
+    def run(self, q: Any, k: Any, v: Any, call: AttentionCall, p: Params) -> Any:
+        from attnkit.runtime import layout
+
+        fn, params = _varlen()
+        kwargs: dict[str, Any] = {"scale": p.scale}
+        if call.gqa:
+            if "enable_gqa" in params:
+                kwargs["enable_gqa"] = True
+            else:
+                k, v = layout.expand_kv(k, call.heads), layout.expand_kv(v, call.heads)
+        if call.causal:
+            if "is_causal" in params:
+                kwargs["is_causal"] = True
+            else:
+                kwargs["window_size"] = (-1, 0)
+        return fn(q, k, v, p.cu_seqlens_q, p.cu_seqlens_k, p.max_seqlen_q, p.max_seqlen_k, **kwargs)

@@ -1,0 +1,200 @@
+"""The normalised attention call: what a backend needs to know to say yes or no, validated once.
+
+Layout: (batch, seqlen, heads, head_dim); packed varlen is (total, heads, head_dim) with int32 cu_seqlens.
+Causal is bottom-right aligned (flash-attn >= 2.1): query i sees keys j <= i + seqlen_k - seqlen_q.
+Window (left, right), -1 = unbounded, is measured from that same aligned diagonal.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+_FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    device: str  # "cuda" | "cpu" | ...
+    device_index: int
+    dtype: str
+    batch: int
+    seqlen_q: int  # max over sequences for varlen
+    seqlen_k: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    head_dim_v: int
+    causal: bool
+    dropout: bool
+    window: tuple[int, int] | None
+    alibi: bool
+    bias: bool
+    varlen: bool
+    requires_grad: bool
+    deterministic: bool = False
+    # varlen only: per-sequence lengths, read once on the host while validating cu_seqlens
+    lengths_q: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
+    lengths_k: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def varlen_same(self) -> bool:
+        """Self-attention varlen: every sequence has as many queries as keys."""
+        return self.varlen and self.lengths_q == self.lengths_k
+
+    @property
+    def gqa(self) -> bool:
+        return self.kv_heads != self.heads
+
+    def bucket(self) -> tuple[Any, ...]:
+        """Autotune key: shapes rounded to powers of two, so nearby shapes share one measurement."""
+
+        def p2(n: int) -> int:
+            return 1 << max(0, (n - 1).bit_length())
+
+        return (self.device, self.dtype, p2(self.batch), p2(self.seqlen_q), p2(self.seqlen_k), self.heads,
+                self.kv_heads, self.head_dim, self.head_dim_v, self.causal, self.dropout, self.window, self.alibi,
+                self.bias, self.varlen, self.requires_grad)
+
+    def describe(self) -> str:
+        parts = [f"{self.dtype}", f"B={self.batch}", f"Sq={self.seqlen_q}", f"Sk={self.seqlen_k}",
+                 f"H={self.heads}", f"Hkv={self.kv_heads}", f"D={self.head_dim}"]
+        for flag in ("causal", "dropout", "alibi", "bias", "varlen"):
+            if getattr(self, flag):
+                parts.append(flag)
+        if self.window:
+            parts.append(f"window={self.window}")
+        if self.requires_grad:
+            parts.append("grad")
+        return " ".join(parts)
+
+
+def _fail(arg: str, msg: str) -> ValueError:
+    return ValueError(f"{arg}: {msg}")
+
+
+def _dtype_name(t: Any) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def make_call(q: Any, k: Any, v: Any, *, causal: bool, dropout_p: float, window: tuple[int, int] | None,
+              alibi_slopes: Any, attn_bias: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
+              max_seqlen_q: int | None, max_seqlen_k: int | None) -> AttentionCall:
+    """Validate user input (ValueError naming the argument) and describe the call. Runs before any kernel."""
+    import torch
+
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise _fail(name, f"expected a torch.Tensor, got {type(t).__name__}")
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    rank = 3 if varlen else 4
+    layout = "(total, heads, head_dim) for varlen" if varlen else "(batch, seqlen, heads, head_dim)"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != rank:
+            raise _fail(name, f"expected {rank} dims {layout}, got shape {tuple(t.shape)}")
+        if _dtype_name(t) not in _FLOAT_DTYPES:
+            raise _fail(name, f"dtype {_dtype_name(t)} is not supported; use float16, bfloat16, float32 or float64")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise _fail(name, f"dtype {_dtype_name(t)} differs from q's {_dtype_name(q)}")
+        if t.device != q.device:
+            raise _fail(name, f"device {t.device} differs from q's {q.device}")
+    if q.shape[-1] != k.shape[-1]:
+        raise _fail("k", f"head_dim {k.shape[-1]} differs from q's {q.shape[-1]}")
+    if k.shape[:-1] != v.shape[:-1]:
+        raise _fail("v", f"shape {tuple(v.shape)} does not match k's {tuple(k.shape)} except head_dim")
+    heads, kv_heads = q.shape[-2], k.shape[-2]
+    if kv_heads == 0 or heads % kv_heads:
+        raise _fail("k", f"q has {heads} heads, which is not a multiple of k's {kv_heads} heads")
+    if not 0.0 <= dropout_p < 1.0:
+        raise _fail("dropout_p", f"must be in [0, 1), got {dropout_p}")
+    if window is not None:
+        if (not isinstance(window, (tuple, list)) or len(window) != 2
+                or not all(isinstance(w, int) and w >= -1 for w in window)):
+            raise _fail("window", f"expected (left, right) ints >= -1 (-1 = unbounded), got {window!r}")
+        window = (int(window[0]), int(window[1]))
+        if window == (-1, -1):
+            window = None
+
+    if varlen:
+        if cu_seqlens_q is None or cu_seqlens_k is None:
+            raise _fail("cu_seqlens_q" if cu_seqlens_q is None else "cu_seqlens_k",
+                        "varlen needs both cu_seqlens_q and cu_seqlens_k")
+        if max_seqlen_q is None or max_seqlen_k is None:
+            raise _fail("max_seqlen_q" if max_seqlen_q is None else "max_seqlen_k", "required with cu_seqlens")
+        lengths_q = _check_cu(cu_seqlens_q, "cu_seqlens_q", q, max_seqlen_q, "max_seqlen_q")
+        lengths_k = _check_cu(cu_seqlens_k, "cu_seqlens_k", k, max_seqlen_k, "max_seqlen_k")
+        batch, batch_k = len(lengths_q), len(lengths_k)
+        if batch != batch_k:
+            raise _fail("cu_seqlens_k", f"describes {batch_k} sequences, cu_seqlens_q {batch}")
+        sq, sk = int(max_seqlen_q), int(max_seqlen_k)
+    else:
+        lengths_q = lengths_k = None  # type: ignore[assignment]
+        batch, sq, sk = q.shape[0], q.shape[1], k.shape[1]
+        if k.shape[0] != batch:
+            raise _fail("k", f"batch {k.shape[0]} differs from q's {batch}")
+
+    if alibi_slopes is not None:
+        if not isinstance(alibi_slopes, torch.Tensor) or alibi_slopes.dtype != torch.float32:
+            raise _fail("alibi_slopes", "expected a float32 tensor of shape (heads,) or (batch, heads)")
+        if tuple(alibi_slopes.shape) not in ((heads,), (batch, heads)):
+            raise _fail("alibi_slopes", f"shape {tuple(alibi_slopes.shape)} is not ({heads},) or ({batch}, {heads})")
+        if alibi_slopes.device != q.device:
+            raise _fail("alibi_slopes", f"device {alibi_slopes.device} differs from q's {q.device}")
+    if attn_bias is not None:
+        if not isinstance(attn_bias, torch.Tensor):
+            raise _fail("attn_bias", f"expected a tensor broadcastable to (batch, heads, {sq}, {sk})")
+        if varlen:
+            raise _fail("attn_bias", "is not supported with varlen (cu_seqlens); pad the batch instead")
+        try:
+            torch.broadcast_shapes(tuple(attn_bias.shape), (batch, heads, sq, sk))
+        except RuntimeError:
+            raise _fail("attn_bias", f"shape {tuple(attn_bias.shape)} does not broadcast to "
+                                     f"(batch, heads, seqlen_q, seqlen_k) = ({batch}, {heads}, {sq}, {sk})") from None
+        if attn_bias.device != q.device:
+            raise _fail("attn_bias", f"device {attn_bias.device} differs from q's {q.device}")
+
+    requires_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    return AttentionCall(
+        device=q.device.type,
+        device_index=q.device.index or 0,
+        dtype=_dtype_name(q),
+        batch=int(batch),
+        seqlen_q=int(sq),
+        seqlen_k=int(sk),
+        heads=int(heads),
+        kv_heads=int(kv_heads),
+        head_dim=int(q.shape[-1]),
+        head_dim_v=int(v.shape[-1]),
+        causal=bool(causal),
+        dropout=dropout_p > 0.0,
+        window=window,
+        alibi=alibi_slopes is not None,
+        bias=attn_bias is not None,
+        varlen=varlen,
+        requires_grad=requires_grad,
+        deterministic=requires_grad and torch.are_deterministic_algorithms_enabled(),
+        lengths_q=lengths_q,
+        lengths_k=lengths_k,
+    )
+
+
+def _check_cu(cu: Any, name: str, t: Any, max_len: int, max_name: str) -> tuple[int, ...]:
+    import torch
+
+    if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 2:
+        raise _fail(name, "expected a 1-D int32 tensor [0, len0, len0+len1, ...] with batch+1 entries")
+    if cu.device != t.device:
+        raise _fail(name, f"device {cu.device} differs from the tensors' {t.device}")
+    host = cu.tolist()  # one small sync; varlen inputs are validated once per call
+    if host[0] != 0:
+        raise _fail(name, f"must start at 0, starts at {host[0]}")
+    lengths = [b - a for a, b in itertools.pairwise(host)]
+    if any(n < 0 for n in lengths):
+        raise _fail(name, "must be non-decreasing")
+    if host[-1] != t.shape[0]:
+        raise _fail(name, f"ends at {host[-1]} but the packed tensor has {t.shape[0]} rows")
+    if not isinstance(max_len, int) or max_len < max(lengths):
+        raise _fail(max_name, f"{max_len!r} is smaller than the longest sequence ({max(lengths)})")
+    return tuple(lengths)

@@ -1,0 +1,209 @@
+"""Choosing a backend: a priority list per GPU architecture, an explicit override, an autotune mode with an
+on-disk cache, and memory of backends that failed at run time.
+
+Priorities come from measurement: on Hopper, cuDNN attention through SDPA is ~1.7-1.9x faster than
+FlashAttention-2 for bf16 (shared/FACTS.md, docs/results/*-h200-bench.json); on Ampere, FlashAttention-2 is
+the reference fast kernel; on Volta (sm70) only xformers and SDPA mem-efficient/math run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from attnkit.runtime.backends import REGISTRY, Backend
+from attnkit.runtime.call import AttentionCall
+from attnkit.runtime.probe import Probe
+
+# (minimum compute capability, priority list); the first row whose minimum the GPU meets applies.
+PRIORITY: tuple[tuple[tuple[int, int], tuple[str, ...]], ...] = (
+    ((10, 0), ("sdpa_cudnn", "sdpa_cudnn_varlen", "flash_attn2", "sdpa_flash", "torch_varlen", "xformers", "sdpa_efficient", "sdpa_math")),
+    ((9, 0), ("sdpa_cudnn", "sdpa_cudnn_varlen", "flash_attn3", "flash_attn2", "sdpa_flash", "torch_varlen", "xformers",
+              "sdpa_efficient", "sdpa_math")),
+    ((8, 0), ("flash_attn2", "sdpa_flash", "torch_varlen", "sdpa_cudnn", "xformers", "sdpa_efficient", "sdpa_math")),
+    ((0, 0), ("xformers", "sdpa_efficient", "sdpa_math")),
+)
+CPU_PRIORITY: tuple[str, ...] = ("sdpa_cpu", "sdpa_math")
+ENV_BACKEND = "ATTNKIT_BACKEND"
+ENV_AUTOTUNE = "ATTNKIT_AUTOTUNE"
+ENV_CACHE = "ATTNKIT_CACHE_DIR"
+
+
+class NoBackendError(RuntimeError):
+    """No backend can serve a call; the message lists every backend with its reasons."""
+
+
+def priority_for(call: AttentionCall, probe: Probe) -> tuple[str, ...]:
+    if call.device != "cuda":
+        return CPU_PRIORITY
+    cap = probe.capability(call.device_index) or (0, 0)
+    for minimum, order in PRIORITY:
+        if cap >= minimum:
+            return order
+    return PRIORITY[-1][1]
+
+
+def explain(call: AttentionCall, probe: Probe, names: list[str] | None = None) -> dict[str, list[str]]:
+    """name -> reasons it cannot serve `call` ([] = it can), for every backend (or `names`)."""
+    return {n: REGISTRY[n].check(call, probe) for n in (names or list(REGISTRY))}
+
+
+def _format_all(call: AttentionCall, why: dict[str, list[str]], head: str) -> str:
+    lines = [f"{head} ({call.describe()}):"]
+    lines += [f"  {name}: {'; '.join(r) if r else 'ok'}" for name, r in why.items()]
+    return "\n".join(lines)
+
+
+def _cache_path() -> Path:
+    base = os.environ.get(ENV_CACHE) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "attnkit")
+    return Path(base) / "autotune.json"
+
+
+class Selector:
+    """Per-process selection state. `attention()` uses the module-level SELECTOR."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.demoted: dict[tuple[Any, ...], set[str]] = {}  # bucket -> backends that failed at run time
+        self.tuned: dict[str, str] = {}  # "<fingerprint>|<bucket>" -> backend name
+        self._warned: set[tuple[str, str]] = set()
+        self.generation = 0  # bumped whenever a decision changes; part of attention()'s fast-path key
+        self._disk_loaded = False
+        self.autotune = os.environ.get(ENV_AUTOTUNE, "") not in ("", "0")
+        self.forced = os.environ.get(ENV_BACKEND) or None
+
+    def reset(self) -> None:
+        with self._lock:
+            self.demoted.clear()
+            self.tuned.clear()
+            self._warned.clear()
+            self._disk_loaded = False
+            self.autotune = os.environ.get(ENV_AUTOTUNE, "") not in ("", "0")
+            self.forced = os.environ.get(ENV_BACKEND) or None
+            self.generation += 1
+
+    # -- explicit choice -------------------------------------------------------------------------------
+    def explicit(self, name: str, call: AttentionCall, probe: Probe, source: str) -> Backend:
+        if name not in REGISTRY:
+            raise ValueError(f"{source}: unknown backend {name!r}; known: {', '.join(REGISTRY)}")
+        why = REGISTRY[name].check(call, probe)
+        if why:
+            raise NoBackendError(_format_all(call, {name: why}, f"{source}={name} cannot serve this call"))
+        return REGISTRY[name]
+
+    # -- the walk --------------------------------------------------------------------------------------
+    def candidates(self, call: AttentionCall, probe: Probe) -> list[Backend]:
+        demoted = self.demoted.get(call.bucket(), set())
+        return [REGISTRY[n] for n in priority_for(call, probe)
+                if n not in demoted and not REGISTRY[n].check(call, probe)]
+
+    def select(self, call: AttentionCall, probe: Probe, backend: str | None = None,
+               timer: Callable[[Backend], float] | None = None) -> Backend:
+        if backend is not None:
+            return self.explicit(backend, call, probe, "backend")
+        if self.forced is not None:
+            return self.explicit(self.forced, call, probe, ENV_BACKEND)
+        found = self.candidates(call, probe)
+        if not found:
+            raise NoBackendError(_format_all(call, explain(call, probe), "no attention backend can serve this call"))
+        if self.autotune and timer is not None and len(found) > 1:
+            return self._autotuned(call, probe, found, timer)
+        return found[0]
+
+    # -- runtime fallback ------------------------------------------------------------------------------
+    def demote(self, backend: str, call: AttentionCall, exc: BaseException) -> None:
+        with self._lock:
+            self.demoted.setdefault(call.bucket(), set()).add(backend)
+            self.generation += 1
+            key = (backend, type(exc).__name__)
+            if key not in self._warned:
+                self._warned.add(key)
+                first = (str(exc).strip().splitlines() or [""])[0][:200]
+                warnings.warn(f"attnkit: backend {backend} failed at run time ({type(exc).__name__}: {first}); "
+                              f"falling back for calls like {call.describe()}", RuntimeWarning, stacklevel=4)
+
+    # -- autotune --------------------------------------------------------------------------------------
+    def _key(self, call: AttentionCall, probe: Probe) -> str:
+        return f"{probe.fingerprint()}|{call.bucket()!r}"
+
+    def _load_disk(self) -> None:
+        if self._disk_loaded:
+            return
+        self._disk_loaded = True
+        try:
+            data = json.loads(_cache_path().read_text(encoding="utf-8"))
+            if isinstance(data, dict):
+                self.tuned.update({str(k): str(v) for k, v in data.items()})
+        except (OSError, ValueError):
+            pass
+
+    def _save_disk(self) -> None:
+        from attnkit._io import write_atomic
+
+        try:
+            write_atomic(_cache_path(), json.dumps(self.tuned, indent=1, sort_keys=True))
+        except OSError as exc:
+            warnings.warn(f"attnkit: cannot write autotune cache {_cache_path()}: {exc}", RuntimeWarning,
+                          stacklevel=2)
+
+    def _autotuned(self, call: AttentionCall, probe: Probe, found: list[Backend],
+                   timer: Callable[[Backend], float]) -> Backend:
+        with self._lock:
+            self._load_disk()
+            key = self._key(call, probe)
+            name = self.tuned.get(key)
+            if name is not None and any(b.name == name for b in found):
+                return REGISTRY[name]
+            times: dict[str, float] = {}
+            for b in found:
+                try:
+                    times[b.name] = timer(b)
+                except Exception:  # a candidate that fails while timing is simply not chosen
+                    continue
+            if not times:
+                return found[0]
+            best = min(times, key=lambda n: times[n])
+            self.tuned[key] = best
+            self._save_disk()
+            self.generation += 1
+            return REGISTRY[best]
+
+
+SELECTOR = Selector()
+
+
+def select(call: AttentionCall, probe: Probe | None = None, backend: str | None = None) -> Backend:
+    """The backend attnkit would use for `call` (no autotuning: that needs real tensors)."""
+    from attnkit.runtime.probe import probe as _probe
+
+    return SELECTOR.select(call, probe or _probe(), backend)
+
+
+def time_backend(run: Callable[[], Any], device: str, warmup: int = 2, iters: int = 5) -> float:
+    """Median seconds of `run()`; CUDA events on GPU, wall clock otherwise."""
+    import torch
+
+    for _ in range(warmup):
+        run()
+    samples = []
+    for _ in range(iters):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            run()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            run()
+            samples.append(time.perf_counter() - t0)
+    samples.sort()
+    return samples[len(samples) // 2]

@@ -1,0 +1,244 @@
+"""Real numerics on CPU: attention() (SDPA cpu/math) against the float64 reference, forward and backward,
+for every semantic: MHA, GQA, bottom-right causal with seqlen_q != seqlen_k, varlen, windows, ALiBi, bias."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the runtime tests need torch (nox -s tests installs it)")
+
+import attnkit  # noqa: E402
+from attnkit.runtime.reference import reference_attention  # noqa: E402
+
+
+def rand(*shape, grad=True):
+    return torch.randn(*shape, dtype=torch.float32, requires_grad=grad)
+
+
+def check(q, k, v, backend=None, **kw):
+    out = attnkit.attention(q, k, v, backend=backend, **kw)
+    ref = reference_attention(q.detach(), k.detach(), v.detach(), **kw)
+    torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=2e-5)
+    # backward against autograd through the float64 reference
+    g = torch.randn_like(out)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), g)
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    r = reference_attention(q64, k64, v64, **kw)
+    rq, rk, rv = torch.autograd.grad(r, (q64, k64, v64), g.double())
+    for a, b in ((dq, rq), (dk, rk), (dv, rv)):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a.double(), b, atol=1e-4, rtol=1e-4)
+    return out
+
+
+CASES = {
+    "mha": dict(),
+    "causal": dict(causal=True),
+    "scale": dict(softmax_scale=0.3),
+    "window_causal": dict(causal=True, window=(3, 0)),
+    "window_both": dict(window=(2, 1)),
+    "alibi": dict(causal=True, alibi_slopes="heads"),
+    "alibi_batch": dict(alibi_slopes="batch_heads"),
+    "bias": dict(attn_bias="full"),
+}
+
+
+@pytest.mark.parametrize("backend", [None, "sdpa_math"])
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize(("sq", "sk", "hkv"), [(9, 9, 4), (5, 11, 2), (11, 5, 1)])
+def test_matches_reference(case, sq, sk, hkv, backend):
+    torch.manual_seed(0)
+    b, h, d = 2, 4, 16
+    kw = dict(CASES[case])
+    if kw.get("alibi_slopes") == "heads":
+        kw["alibi_slopes"] = torch.rand(h)
+    elif kw.get("alibi_slopes") == "batch_heads":
+        kw["alibi_slopes"] = torch.rand(b, h)
+    if kw.get("attn_bias") == "full":
+        kw["attn_bias"] = torch.randn(1, h, sq, sk)
+    check(rand(b, sq, h, d), rand(b, sk, hkv, d), rand(b, sk, hkv, d), backend=backend, **kw)
+
+
+def test_rows_without_keys_are_zero_not_nan():
+    torch.manual_seed(1)
+    q, k, v = rand(1, 6, 2, 8), rand(1, 3, 2, 8), rand(1, 3, 2, 8)
+    out = check(q, k, v, causal=True)  # bottom-right: the first 3 queries see nothing
+    assert torch.all(out[:, :3] == 0)
+    assert torch.all(out[:, 3:].abs().sum(-1) > 0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_matches_reference_and_padded(causal):
+    torch.manual_seed(2)
+    lq, lk, h, hkv, d = [5, 1, 7, 0], [5, 3, 9, 2], 4, 2, 16
+    cq = torch.tensor([0, *torch.tensor(lq).cumsum(0).tolist()], dtype=torch.int32)
+    ck = torch.tensor([0, *torch.tensor(lk).cumsum(0).tolist()], dtype=torch.int32)
+    q, k, v = rand(sum(lq), h, d), rand(sum(lk), hkv, d), rand(sum(lk), hkv, d)
+    check(q, k, v, causal=causal, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=max(lq), max_seqlen_k=max(lk))
+    # each packed sequence equals attention on that sequence alone
+    out = attnkit.attention(q, k, v, causal=causal, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=7,
+                            max_seqlen_k=9)
+    for i in range(len(lq)):
+        if lq[i] == 0 or lk[i] == 0:
+            continue
+        alone = attnkit.attention(q[None, cq[i]:cq[i + 1]], k[None, ck[i]:ck[i + 1]], v[None, ck[i]:ck[i + 1]],
+                                  causal=causal)[0]
+        torch.testing.assert_close(out[cq[i]:cq[i + 1]], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_pack_unpack_roundtrip():
+    torch.manual_seed(3)
+    x = torch.randn(3, 6, 2, 4)
+    lengths = torch.tensor([6, 2, 0])
+    packed, idx, cu, mx = attnkit.pack(x, lengths)
+    assert packed.shape == (8, 2, 4) and cu.dtype == torch.int32 and cu.tolist() == [0, 6, 8, 8] and mx == 6
+    back = attnkit.unpack(packed, idx, 3, 6)
+    assert torch.equal(back[0], x[0]) and torch.equal(back[1, :2], x[1, :2])
+    assert torch.all(back[1, 2:] == 0) and torch.all(back[2] == 0)
+    mask = torch.tensor([[True, False, True, False, False, False]] * 3)
+    p2, _, cu2, _ = attnkit.pack(x, mask)
+    assert p2.shape[0] == 6 and cu2.tolist() == [0, 2, 4, 6]
+    with pytest.raises(ValueError, match="keep: lengths must be within"):
+        attnkit.pack(x, torch.tensor([7, 0, 0]))
+
+
+def test_gqa_is_not_materialised_for_native_backends(monkeypatch):
+    """sdpa_math declares native GQA: k/v must reach SDPA with kv_heads, via enable_gqa."""
+    import torch.nn.functional as F
+
+    seen = {}
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        seen["k_heads"], seen["gqa"] = k.shape[1], kw.get("enable_gqa")
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    q, k = torch.randn(1, 4, 8, 16), torch.randn(1, 4, 2, 16)
+    attnkit.attention(q, k, k, backend="sdpa_math")
+    assert seen == {"k_heads": 2, "gqa": True}
+
+
+BAD = [
+    (lambda q, k, v: dict(q=q[0]), "q: expected 4 dims"),
+    (lambda q, k, v: dict(k=k.double()), "k: dtype float64 differs from q's float32"),
+    (lambda q, k, v: dict(q=q.int(), k=k.int(), v=v.int()), "q: dtype int32 is not supported"),
+    (lambda q, k, v: dict(k=torch.randn(2, 5, 4, 8)), "k: head_dim 8 differs from q's 16"),
+    (lambda q, k, v: dict(k=torch.randn(2, 5, 3, 16), v=torch.randn(2, 5, 3, 16)),
+     "k: q has 4 heads, which is not a multiple of k's 3 heads"),
+    (lambda q, k, v: dict(v=torch.randn(2, 6, 2, 16)), "v: shape (2, 6, 2, 16) does not match k's"),
+    (lambda q, k, v: dict(dropout_p=1.5), "dropout_p: must be in [0, 1)"),
+    (lambda q, k, v: dict(window=(3,)), "window: expected (left, right)"),
+    (lambda q, k, v: dict(alibi_slopes=torch.rand(3)), "alibi_slopes: shape (3,) is not (4,)"),
+    (lambda q, k, v: dict(attn_bias=torch.randn(1, 4, 7, 7)), "attn_bias: shape (1, 4, 7, 7) does not broadcast"),
+    (lambda q, k, v: dict(backend="nope"), "backend: unknown backend 'nope'"),
+    (lambda q, k, v: dict(softmax_scale=-1.0), "softmax_scale: expected a positive number"),
+    (lambda q, k, v: dict(q=q.reshape(-1, 4, 16), k=k.reshape(-1, 2, 16), v=v.reshape(-1, 2, 16),
+                          cu_seqlens_q=torch.tensor([0, 5, 6]), cu_seqlens_k=torch.tensor([0, 5, 10], dtype=torch.int32),
+                          max_seqlen_q=5, max_seqlen_k=5), "cu_seqlens_q: expected a 1-D int32 tensor"),
+    (lambda q, k, v: dict(q=q.reshape(-1, 4, 16), k=k.reshape(-1, 2, 16), v=v.reshape(-1, 2, 16),
+                          cu_seqlens_q=torch.tensor([0, 7, 6], dtype=torch.int32),
+                          cu_seqlens_k=torch.tensor([0, 5, 10], dtype=torch.int32),
+                          max_seqlen_q=7, max_seqlen_k=5), "cu_seqlens_q: must be non-decreasing"),
+    (lambda q, k, v: dict(q=q.reshape(-1, 4, 16), k=k.reshape(-1, 2, 16), v=v.reshape(-1, 2, 16),
+                          cu_seqlens_q=torch.tensor([0, 5, 9], dtype=torch.int32),
+                          cu_seqlens_k=torch.tensor([0, 5, 10], dtype=torch.int32),
+                          max_seqlen_q=5, max_seqlen_k=5), "cu_seqlens_q: ends at 9 but the packed tensor has 10"),
+    (lambda q, k, v: dict(q=q.reshape(-1, 4, 16), k=k.reshape(-1, 2, 16), v=v.reshape(-1, 2, 16),
+                          cu_seqlens_q=torch.tensor([0, 5, 10], dtype=torch.int32),
+                          cu_seqlens_k=torch.tensor([0, 5, 10], dtype=torch.int32),
+                          max_seqlen_q=4, max_seqlen_k=5), "max_seqlen_q: 4 is smaller than the longest"),
+]
+
+
+@pytest.mark.parametrize(("make", "expect"), BAD, ids=[e for _, e in BAD])
+def test_bad_input_raises_valueerror_naming_the_argument(make, expect):
+    q, k, v = torch.randn(2, 5, 4, 16), torch.randn(2, 5, 2, 16), torch.randn(2, 5, 2, 16)
+    args = dict(q=q, k=k, v=v)
+    args.update(make(q, k, v))
+    with pytest.raises(ValueError) as ei:
+        attnkit.attention(**args)
+    assert expect in str(ei.value)
+
+
+def test_fast_path_reuses_decision():
+    from attnkit.runtime.attention import _FAST
+
+    _FAST.clear()
+    q = torch.randn(1, 8, 2, 16)
+    a = attnkit.attention(q, q, q, causal=True)
+    assert len(_FAST) == 1
+    b = attnkit.attention(q, q, q, causal=True)
+    torch.testing.assert_close(a, b)
+    assert len(_FAST) == 1
+
+
+def test_import_attnkit_does_not_import_optional_libraries():
+    import subprocess
+    import sys
+
+    code = ("import sys, attnkit, attnkit.runtime.backends; "
+            "print(sorted(m for m in ('torch','flash_attn','xformers','pynvml','rich') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "[]"
+
+
+def test_bucket_plan_covers_every_sequence_once():
+    from attnkit.runtime.backends.sdpa_cudnn_varlen import plan_buckets
+
+    lengths = (4096, 17, 0, 2000, 3000, 5, 4000, 1024)
+    groups = plan_buckets(lengths)
+    flat = sorted(i for g in groups for i in g)
+    assert flat == [i for i, n in enumerate(lengths) if n > 0]
+    for g in groups:  # each bucket is sorted longest first and buckets do not interleave lengths
+        assert [lengths[i] for i in g] == sorted((lengths[i] for i in g), reverse=True)
+    padded = sum(len(g) * lengths[g[0]] ** 2 for g in groups)
+    assert padded < 0.75 * len([n for n in lengths if n]) * 4096**2  # much less work than one padded batch
+    assert plan_buckets((0, 0)) == []
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_bucketed_varlen_matches_reference(causal):
+    """The cuDNN varlen backend's bucketing, run through SDPA math on CPU."""
+    import math
+
+    from attnkit.runtime.backends import Params
+    from attnkit.runtime.backends.sdpa_cudnn_varlen import SdpaCudnnVarlen
+    from attnkit.runtime.call import make_call
+
+    class OnCpu(SdpaCudnnVarlen):
+        sdp_name = "MATH"
+
+    torch.manual_seed(4)
+    lengths = [9, 0, 3, 12, 1, 7]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    q, k, v = rand(sum(lengths), 4, 16), rand(sum(lengths), 2, 16), rand(sum(lengths), 2, 16)
+    c = make_call(q, k, v, causal=causal, dropout_p=0.0, window=None, alibi_slopes=None, attn_bias=None,
+                  cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=12, max_seqlen_k=12)
+    assert c.varlen_same
+    out = OnCpu().run(q, k, v, c, Params(scale=1 / math.sqrt(16), dropout_p=0.0, window=None))
+    ref = reference_attention(q.detach(), k.detach(), v.detach(), causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=2e-5)
+    out.sum().backward()
+    assert torch.isfinite(q.grad).all() and torch.isfinite(k.grad).all()
+
+
+def test_varlen_fast_path_is_keyed_by_cu_seqlens_identity_and_version():
+    from attnkit.runtime.attention import _FAST_VARLEN
+
+    _FAST_VARLEN.clear()
+    torch.manual_seed(5)
+    q, k, v = torch.randn(10, 2, 8), torch.randn(10, 2, 8), torch.randn(10, 2, 8)
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    a = attnkit.attention(q, k, v, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=6, max_seqlen_k=6)
+    assert len(_FAST_VARLEN) == 1
+    attnkit.attention(q, k, v, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=6, max_seqlen_k=6)
+    assert len(_FAST_VARLEN) == 1
+    cu[1] = 7  # in place: new lengths (7, 3) must be read again, not served from the cache
+    b = attnkit.attention(q, k, v, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=7, max_seqlen_k=7)
+    ref = reference_attention(q, k, v, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    torch.testing.assert_close(b.double(), ref, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(a, b)
+    with pytest.raises(ValueError, match="cu_seqlens_q: ends at 9"):
+        attnkit.attention(q, k, v, cu_seqlens_q=torch.tensor([0, 4, 9], dtype=torch.int32), cu_seqlens_k=cu,
+                          max_seqlen_q=6, max_seqlen_k=7)

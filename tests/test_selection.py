@@ -1,0 +1,199 @@
+"""Selection logic with fake probes (sm70/80/90/100) and fake backends; errors list every backend."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from attnkit.runtime import select as sel
+from attnkit.runtime.backends import REGISTRY, Backend, Limits, reasons
+from attnkit.runtime.call import AttentionCall
+from attnkit.runtime.probe import GPU, Library, Probe, TorchInfo
+
+
+def fake_probe(cc: tuple[int, int] | None, libs: tuple[str, ...] = ()) -> Probe:
+    gpus = () if cc is None else (GPU(0, f"Fake sm{cc[0]}{cc[1]}", cc, 80000, 100),)
+    libraries = tuple(Library(n, n, "1.0", n in libs, n in libs) for n in ("flash-attn", "flash-attn-3", "xformers"))
+    return Probe("3.12.3", "linux-x86_64", "580.0", gpus, TorchInfo("2.11.0", "13.0", 91000, True, cc is not None),
+                 libraries, "nvml")
+
+
+def call(**kw) -> AttentionCall:
+    base = AttentionCall(device="cuda", device_index=0, dtype="bfloat16", batch=8, seqlen_q=4096, seqlen_k=4096,
+                         heads=16, kv_heads=16, head_dim=128, head_dim_v=128, causal=True, dropout=False,
+                         window=None, alibi=False, bias=False, varlen=False, requires_grad=True)
+    return replace(base, **kw)
+
+
+@pytest.fixture(autouse=True)
+def fresh_selector(monkeypatch, tmp_path):
+    monkeypatch.delenv(sel.ENV_BACKEND, raising=False)
+    monkeypatch.delenv(sel.ENV_AUTOTUNE, raising=False)
+    monkeypatch.setenv(sel.ENV_CACHE, str(tmp_path / "cache"))
+    sel.SELECTOR.reset()
+    yield
+    sel.SELECTOR.reset()
+
+
+@pytest.mark.parametrize(
+    ("cc", "libs", "expected"),
+    [
+        ((9, 0), (), "sdpa_cudnn"),  # Hopper: cuDNN ~1.8x FA2 (shared/FACTS.md)
+        ((9, 0), ("flash-attn",), "sdpa_cudnn"),  # flash-attn installed is NOT the fast choice on H200
+        ((10, 0), ("flash-attn",), "sdpa_cudnn"),
+        ((8, 0), ("flash-attn",), "flash_attn2"),
+        ((8, 0), (), "sdpa_flash"),
+        ((8, 6), ("xformers",), "sdpa_flash"),
+        ((7, 0), ("xformers",), "xformers"),  # V100: only xformers or SDPA efficient/math
+        ((7, 0), (), "sdpa_efficient"),
+    ],
+)
+def test_priority_per_architecture(cc, libs, expected):
+    assert sel.SELECTOR.select(call(), fake_probe(cc, libs)).name == expected
+
+
+def test_v100_never_gets_flash_kernels():
+    p = fake_probe((7, 0), ("flash-attn", "flash-attn-3", "xformers"))
+    why = sel.explain(call(), p)
+    for name in ("flash_attn2", "flash_attn3", "sdpa_flash", "sdpa_cudnn", "torch_varlen"):
+        assert any("compute capability" in r for r in why[name]), (name, why[name])
+    assert why["xformers"] == [] and why["sdpa_efficient"] == [] and why["sdpa_math"] == []
+
+
+def test_features_route_to_capable_backends():
+    p = fake_probe((9, 0))
+    pick = lambda **kw: sel.SELECTOR.select(call(**kw), p).name  # noqa: E731
+    assert pick(head_dim=256, head_dim_v=256) == "sdpa_cudnn"  # measured: cuDNN has D<=256 kernels on sm90
+    assert pick(head_dim=512, head_dim_v=512) == "sdpa_efficient"
+    assert pick(seqlen_q=128) == "sdpa_cudnn"
+    assert pick(window=(256, 0)) == "sdpa_cudnn"
+    assert pick(varlen=True, lengths_q=(3, 4), lengths_k=(3, 4)) == "sdpa_cudnn_varlen"
+    assert pick(varlen=True, lengths_q=(3, 4), lengths_k=(5, 4)) == "torch_varlen"
+    assert pick(dtype="float32") == "sdpa_efficient"
+    assert pick(dtype="float64") == "sdpa_math"
+    assert pick(dtype="float16", head_dim=250, head_dim_v=250) == "sdpa_math"  # not a multiple of 8
+    p2 = fake_probe((9, 0), ("flash-attn",))
+    assert sel.SELECTOR.select(call(varlen=True, alibi=True, lengths_q=(3,), lengths_k=(3,)), p2).name == "flash_attn2"
+    p3 = fake_probe((8, 0), ("flash-attn",))
+    assert sel.SELECTOR.select(call(window=(256, 0)), p3).name == "flash_attn2"
+
+
+def test_cpu_selection():
+    p = fake_probe(None)
+    assert sel.SELECTOR.select(call(device="cpu"), p).name == "sdpa_cpu"
+    assert sel.SELECTOR.select(call(device="cpu", alibi=True), p).name == "sdpa_math"
+
+
+def test_no_backend_lists_every_backend_and_reason():
+    p = fake_probe((9, 0))
+    with pytest.raises(sel.NoBackendError) as ei:
+        sel.SELECTOR.select(call(dtype="float64", device="mps"), p)
+    msg = str(ei.value)
+    for name in REGISTRY:
+        assert f"  {name}: " in msg
+    assert "flash-attn is not installed" in msg and "dtype float64 not supported" in msg
+    assert "runs on cuda, not mps" in msg and len(msg.splitlines()) == 1 + len(REGISTRY)
+
+
+def test_explicit_backend_fails_loudly_with_reasons(monkeypatch):
+    p = fake_probe((8, 0))
+    with pytest.raises(sel.NoBackendError, match=r"(?s)backend=sdpa_cudnn cannot serve.*compute capability >= 9.0"):
+        sel.SELECTOR.select(call(), p, backend="sdpa_cudnn")
+    with pytest.raises(ValueError, match=r"backend: unknown backend 'flash'; known: sdpa_cudnn"):
+        sel.SELECTOR.select(call(), p, backend="flash")
+    monkeypatch.setenv(sel.ENV_BACKEND, "sdpa_efficient")
+    sel.SELECTOR.reset()
+    assert sel.SELECTOR.select(call(), p).name == "sdpa_efficient"
+    monkeypatch.setenv(sel.ENV_BACKEND, "flash_attn2")
+    sel.SELECTOR.reset()
+    with pytest.raises(sel.NoBackendError, match=r"(?s)ATTNKIT_BACKEND=flash_attn2 cannot serve.*not installed"):
+        sel.SELECTOR.select(call(), p)
+
+
+def test_limits_to_reasons_is_one_function():
+    lim = Limits(min_capability=(8, 0), dtypes=frozenset({"float16"}), max_head_dim=64, head_dim_multiple=32)
+    r = reasons(lim, call(head_dim=80, head_dim_v=80), (7, 5))
+    assert r == ["needs compute capability >= 8.0, GPU is sm75", "dtype bfloat16 not supported (supports float16)",
+                 "head_dim 80 > 64", "head_dim must be a multiple of 32"]
+    assert reasons(Limits(), call(), (9, 0)) == []
+
+
+def test_runtime_fallback_demotes_once_and_warns(monkeypatch):
+    import torch
+
+    import attnkit
+    from attnkit.runtime import attention as attn_mod
+
+    class Exploding(Backend):
+        name = "sdpa_cpu"
+        limits = REGISTRY["sdpa_cpu"].limits
+        calls = 0
+
+        def run(self, q, k, v, c, p):
+            Exploding.calls += 1
+            raise RuntimeError("No execution plans support the graph.")
+
+    monkeypatch.setitem(REGISTRY, "sdpa_cpu", Exploding())
+    attn_mod._FAST.clear()
+    q = torch.randn(1, 8, 2, 16)
+    with pytest.warns(RuntimeWarning, match="backend sdpa_cpu failed at run time.*No execution plans"):
+        out = attnkit.attention(q, q, q, causal=True)
+    ref = attnkit.attention(q, q, q, causal=True, backend="sdpa_math")
+    torch.testing.assert_close(out, ref)
+    assert Exploding.calls == 1
+    for _ in range(3):  # remembered: the failing backend is not tried again for this bucket
+        attnkit.attention(q, q, q, causal=True)
+    assert Exploding.calls == 1
+    attn_mod._FAST.clear()
+
+
+def test_explicit_backend_does_not_fall_back(monkeypatch):
+    import torch
+
+    import attnkit
+    from attnkit.runtime import attention as attn_mod
+
+    class Exploding(Backend):
+        name = "sdpa_cpu"
+        limits = REGISTRY["sdpa_cpu"].limits
+
+        def run(self, q, k, v, c, p):
+            raise RuntimeError("boom")
+
+    monkeypatch.setitem(REGISTRY, "sdpa_cpu", Exploding())
+    attn_mod._FAST.clear()
+    with pytest.raises(RuntimeError, match="boom"):
+        attnkit.attention(torch.randn(1, 4, 1, 8), torch.randn(1, 4, 1, 8), torch.randn(1, 4, 1, 8),
+                          backend="sdpa_cpu")
+    attn_mod._FAST.clear()
+
+
+def test_autotune_picks_fastest_and_persists(tmp_path):
+    p = fake_probe((9, 0), ("flash-attn",))
+    sel.SELECTOR.autotune = True
+    speeds = {"sdpa_cudnn": 3.0, "flash_attn2": 1.0, "sdpa_flash": 2.0, "sdpa_efficient": 5.0, "sdpa_math": 9.0}
+    timed: list[str] = []
+
+    def timer(b):
+        timed.append(b.name)
+        return speeds[b.name]
+
+    assert sel.SELECTOR.select(call(), p, timer=timer).name == "flash_attn2"
+    assert set(timed) == {"sdpa_cudnn", "flash_attn2", "sdpa_flash", "sdpa_efficient", "sdpa_math"}
+    timed.clear()
+    assert sel.SELECTOR.select(call(batch=7), p, timer=timer).name == "flash_attn2"  # same bucket
+    assert timed == []
+    cache = json.loads((tmp_path / "cache" / "autotune.json").read_text())
+    assert list(cache.values()) == ["flash_attn2"]
+    assert "Fake sm90" in next(iter(cache)) and "flash-attn=1.0" in next(iter(cache))
+    # a new process reads the disk cache
+    sel.SELECTOR.reset()
+    sel.SELECTOR.autotune = True
+    assert sel.SELECTOR.select(call(), p, timer=lambda b: pytest.fail("re-timed")).name == "flash_attn2"
+    # another GPU does not reuse it
+    other = fake_probe((9, 0), ("flash-attn",))
+    other = replace(other, gpus=(GPU(0, "Other", (9, 0), 1, 1),))
+    assert sel.SELECTOR.select(call(), other, timer=timer).name == "flash_attn2"
+    assert timed  # re-timed for the other GPU
