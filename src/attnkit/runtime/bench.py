@@ -15,7 +15,7 @@ from typing import Any
 
 from attnkit._io import write_atomic
 
-ROUNDS = 6
+ITERS = 15
 MATH_MAX_SCORES = 1 << 28  # sdpa_math materialises B*H*Sq*Sk scores: bench it only where that is small
 
 
@@ -59,6 +59,58 @@ def attn_flops(batch: int, heads: int, sq: int, sk: int, d: int, causal: bool) -
     if causal and sq == sk:
         f /= 2
     return f
+
+
+def _no_grad(fn: Any) -> Any:
+    def run() -> Any:
+        import torch
+
+        with torch.no_grad():
+            return fn()
+    return run
+
+
+def interleaved(runs: dict[str, Any], device: str, iters: int = ITERS, warmup: int = 2
+                ) -> tuple[dict[str, float], dict[str, str]]:
+    """Median seconds per candidate, measured round-robin: every iteration times each candidate once, in a
+    rotated order. The H200's clocks drift by ~13% within seconds under load (measured: one cuDNN kernel
+    6.5 ms cold, 7.1 ms warm, same binary), so candidates timed in separate blocks compare clock states,
+    not kernels; interleaving gives every candidate the same clocks."""
+    import torch
+
+    errors: dict[str, str] = {}
+    live = dict(runs)
+    for name, fn in list(live.items()):
+        try:
+            for _ in range(warmup):
+                fn()
+        except Exception as exc:  # a kernel refusing a shape at run time is a result, not a crash
+            errors[name] = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"
+            del live[name]
+        finally:
+            if device == "cuda":
+                torch.cuda.synchronize()
+    samples: dict[str, list[float]] = {n: [] for n in live}
+    names = list(live)
+    for it in range(iters):
+        order = names[it % len(names):] + names[: it % len(names)] if names else []
+        if device == "cuda":
+            marks = []
+            for n in order:
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                live[n]()
+                b.record()
+                marks.append((n, a, b))
+            torch.cuda.synchronize()
+            for n, a, b in marks:
+                samples[n].append(a.elapsed_time(b) / 1e3)
+        else:
+            for n in order:
+                t0 = time.perf_counter()
+                live[n]()
+                samples[n].append(time.perf_counter() - t0)
+    return {n: statistics.median(v) for n, v in samples.items()}, errors
 
 
 def _time(fn: Any, device: str, warmup: int = 3, iters: int = 10) -> float:
@@ -122,27 +174,19 @@ def bench_shape(s: Shape, device: str) -> dict[str, Any]:
             runs[name] = lambda b=b: b.run(q, k, v, call, params)
     runs["sdpa_default"] = lambda: _sdpa_default(q, k, v, s.causal)
     runs["attnkit"] = lambda: attention(q, k, v, causal=s.causal)
-    # Interleave candidates over several rounds, rotating the order, and keep each one's median round:
-    # the H200's clocks settle ~13% lower after a few seconds of load (measured: the same cuDNN kernel
-    # 6.6 ms cold, 7.6 ms warm), so whoever ran first on a cold GPU would otherwise look fastest.
-    samples: dict[str, dict[str, list[float]]] = {n: {"fwd": [], "fwdbwd": []} for n in runs}
-    for r in range(ROUNDS):
-        order = list(runs.items())
-        order = order[r % len(order):] + order[: r % len(order)]  # rotate: nobody always runs first
-        for name, run in order:
-            try:
-                with torch.no_grad():
-                    samples[name]["fwd"].append(_time(run, device, warmup=1, iters=5))
-                if s.backward:
-                    samples[name]["fwdbwd"].append(_time(fb(run), device, warmup=1, iters=5))
-            except Exception as exc:  # a kernel refusing a shape at run time is a result, not a crash
-                results[name] = {"error": f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"}
-                del runs[name]
-                samples.pop(name, None)
-            finally:
-                if device == "cuda":
-                    torch.cuda.synchronize()
-    times = {n: {m: statistics.median(v) for m, v in d.items() if v} for n, d in samples.items()}
+    fwd_runs = {n: _no_grad(r) for n, r in runs.items()}
+    fwd, errors = interleaved(fwd_runs, device)
+    times: dict[str, dict[str, float]] = {n: {"fwd": t} for n, t in fwd.items()}
+    if s.backward:
+        bwd, more = interleaved({n: fb(r) for n, r in runs.items() if n in fwd}, device)
+        errors.update(more)
+        for n in list(times):
+            if n in bwd:
+                times[n]["fwdbwd"] = bwd[n]
+            else:
+                del times[n]
+    for n, err in errors.items():
+        results[n] = {"error": err}
     for name, best in times.items():
         res: dict[str, Any] = {"fwd_ms": best["fwd"] * 1e3, "fwd_tflops": flops / best["fwd"] / 1e12}
         if "fwdbwd" in best:
@@ -186,27 +230,52 @@ def dispatch_overhead(device: str, n: int = 2000) -> dict[str, Any]:
     b = SELECTOR.select(call, probe())
     params = Params(scale=1 / 8, dropout_p=0.0, window=None)
 
-    def loop(fn: Any) -> float:
-        for _ in range(50):
-            fn()
+    def loop(fn: Any, calls: int) -> float:
         if device == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        for _ in range(n):
+        for _ in range(calls):
             fn()
         if device == "cuda":
             torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / n * 1e6
+        return (time.perf_counter() - t0) / calls * 1e6
 
+    direct = lambda: b.run(q, k, v, call, params)  # noqa: E731
+    via = lambda: attention(q, k, v, causal=True, softmax_scale=1 / 8)  # noqa: E731
     with torch.no_grad():
+        loop(direct, 200)
+        loop(via, 200)
         rounds = []
-        for _ in range(5):  # interleave to cancel drift; take the median difference
-            direct = loop(lambda: b.run(q, k, v, call, params))
-            via = loop(lambda: attention(q, k, v, causal=True, softmax_scale=1 / 8))
-            rounds.append((via - direct, direct, via))
+        block = max(50, n // 10)
+        for i in range(21):  # short alternating blocks, order flipped each round; median difference
+            if i % 2 == 0:
+                a = loop(direct, block)
+                c = loop(via, block)
+            else:
+                c = loop(via, block)
+                a = loop(direct, block)
+            rounds.append((c - a, a, c))
+        # the wrapper alone: attention() with its cached backend swapped for a no-op (host cost only)
+        from attnkit.runtime.attention import _FAST
+
+        class _Noop:
+            name = "noop"
+
+            def run(self, *args: Any) -> None:
+                return None
+
+        saved = dict(_FAST)
+        for key, (_, c, prm) in saved.items():
+            _FAST[key] = (_Noop(), c, prm)  # type: ignore[assignment]
+        try:
+            wrapper_us = min(loop(via, n) for _ in range(5))
+        finally:
+            _FAST.clear()
+            _FAST.update(saved)
     rounds.sort()
     mid = rounds[len(rounds) // 2]
-    return {"backend": b.name, "overhead_us": mid[0], "direct_us": mid[1], "attention_us": mid[2], "calls": n}
+    return {"backend": b.name, "overhead_us": mid[0], "direct_us": mid[1], "attention_us": mid[2],
+            "wrapper_only_us": wrapper_us, "calls_per_block": block, "rounds": len(rounds)}
 
 
 def varlen_vs_padded(device: str, quick: bool) -> dict[str, Any]:
@@ -239,12 +308,11 @@ def varlen_vs_padded(device: str, quick: bool) -> dict[str, Any]:
 
     res: dict[str, Any] = {"batch": b, "max_seqlen": s, "heads": h, "head_dim": d, "padding_fraction": pad_frac}
     try:
-        pad_t, pack_t = [], []
-        for _ in range(ROUNDS):  # alternate, median: same clocks for both
-            pad_t.append(_time(padded, device, warmup=1, iters=5))
-            pack_t.append(_time(packed, device, warmup=1, iters=5))
-        res["padded_ms"] = statistics.median(pad_t) * 1e3
-        res["packed_ms"] = statistics.median(pack_t) * 1e3
+        t, errs = interleaved({"padded": padded, "packed": packed}, device)
+        if errs:
+            raise RuntimeError("; ".join(f"{k}: {v}" for k, v in errs.items()))
+        res["padded_ms"] = t["padded"] * 1e3
+        res["packed_ms"] = t["packed"] * 1e3
         res["packed_over_padded"] = res["packed_ms"] / res["padded_ms"]
         from attnkit.runtime.call import make_call
         from attnkit.runtime.probe import probe
@@ -336,6 +404,7 @@ def run_bench(out: str | None = None, quick: bool = False, png: bool = True) -> 
         "min_selected_over_oracle": min(ratios) if ratios else None,
         "min_selected_over_sdpa_default": min(sdpa) if sdpa else None,
         "dispatch_overhead_us": report["dispatch"]["overhead_us"],
+        "dispatch_wrapper_only_us": report["dispatch"]["wrapper_only_us"],
         "varlen_packed_over_padded": report["varlen"].get("packed_over_padded"),
     }
     t = Table(title=f"attnkit bench on {device}")
