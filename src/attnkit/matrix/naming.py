@@ -67,6 +67,13 @@ def wheel_local_version(cuda: str, torch: str, cxx11_abi: bool) -> str:
     return f"{cuda_label(cuda)}torch{torch}cxx11abi{str(cxx11_abi).upper()}"
 
 
+def parse_local_version(local: str) -> tuple[str, str, bool] | None:
+    """Inverse of wheel_local_version: 'cu13torch2.11cxx11abiTRUE' -> ('cu13', '2.11', True).
+    Case-insensitive: PEP 440 normalisation lower-cases local versions ('cxx11abitrue')."""
+    m = re.fullmatch(r"(cu\d+)torch(\d+\.\d+)cxx11abi(true|false)", local, flags=re.IGNORECASE)
+    return (m.group(1).lower(), m.group(2), m.group(3).upper() == "TRUE") if m else None
+
+
 def wheel_tags(wheel_tag: str, python: str) -> tuple[str, str]:
     """(python tag, abi tag) for a package's tag style."""
     if wheel_tag == "cpython":

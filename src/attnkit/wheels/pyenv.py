@@ -1,0 +1,65 @@
+"""Facts about a Python environment that decide which wheel fits it: torch version and CUDA, C++ ABI, Python
+tag, platform. Read in a subprocess so the driver can target another interpreter (a cell's venv)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from attnkit.errors import AttnkitError
+from attnkit.matrix.expand import Cell
+
+_PROBE = r"""
+import json, platform, sys
+out = {"python": "%d.%d" % sys.version_info[:2], "machine": platform.machine(), "executable": sys.executable}
+try:
+    import torch
+    out.update(torch=torch.__version__, torch_cuda=torch.version.cuda, cxx11_abi=bool(torch._C._GLIBCXX_USE_CXX11_ABI))
+except Exception as exc:
+    out.update(torch=None, torch_error="%s: %s" % (type(exc).__name__, exc))
+print(json.dumps(out))
+"""
+
+
+@dataclass(frozen=True)
+class PyEnv:
+    executable: str
+    python: str  # "3.12"
+    machine: str  # "x86_64"
+    torch: str | None  # "2.11.0+cu130"
+    torch_cuda: str | None  # "13.0"
+    cxx11_abi: bool | None
+
+    @property
+    def torch_minor(self) -> str | None:
+        if self.torch is None:
+            return None
+        major, minor = self.torch.split("+")[0].split(".")[:2]
+        return f"{major}.{minor}"
+
+
+def describe(python: str = sys.executable) -> PyEnv:
+    try:
+        r = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, check=True, timeout=300)
+        d = json.loads(r.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+        raise AttnkitError(f"--python {python}: cannot run it to read its torch ({exc})") from None
+    return PyEnv(d["executable"], d["python"], d["machine"], d.get("torch"), d.get("torch_cuda"), d.get("cxx11_abi"))
+
+
+def cell_mismatches(env: PyEnv, cell: Cell) -> list[str]:
+    """How `env` differs from what `cell` needs; [] when it matches."""
+    out = []
+    if env.torch is None:
+        return [f"no torch in {env.executable} (the cell needs torch {cell.torch_version})"]
+    if env.torch_minor != cell.torch:
+        out.append(f"torch {env.torch} is not {cell.torch}.x")
+    if cell.cuda is not None and (env.torch_cuda or "").split(".")[0] != cell.cuda.split(".")[0]:
+        out.append(f"torch is built with CUDA {env.torch_cuda or 'none (CPU build)'}, the cell with CUDA {cell.cuda}")
+    if env.python != cell.python:
+        out.append(f"Python {env.python} is not {cell.python}")
+    if env.cxx11_abi is not None and env.cxx11_abi != cell.cxx11_abi:
+        out.append(f"torch C++11 ABI is {env.cxx11_abi}, the cell's is {cell.cxx11_abi}")
+    return out

@@ -1,0 +1,147 @@
+"""Per-package build recipes (wheels/<name>.toml) as validated data, and the arch-list formats they need.
+
+A recipe says how a package's setup.py is driven; the matrix says which version, sdist and archs. `resolve`
+joins the two for one cell into a `BuildSpec`, the single description every later step works from.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from attnkit.errors import AttnkitError
+from attnkit.matrix.expand import Cell
+from attnkit.matrix.schema import Matrix
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+RECIPES_DIR = Path(__file__).resolve().parents[3] / "wheels"
+ArchFormat = Literal["sm-semicolon", "dotted-semicolon"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LocalSource(_Strict):
+    path: str  # relative to the recipe file
+    version: str
+    archs: list[str] = Field(min_length=1)  # TORCH_CUDA_ARCH_LIST entries ("8.0", "9.0+PTX")
+
+
+class BuildKnobs(_Strict):
+    env: dict[str, str] = Field(default_factory=dict)
+    arch_env: str
+    arch_format: ArchFormat
+    jobs_env: str = "MAX_JOBS"
+    nvcc_threads_env: str | None = None
+    nvcc_threads_value: str = "{threads}"
+    nvcc_threads: int = Field(default=1, ge=1, le=16)
+    memory_per_job_gib: float = Field(gt=0)
+
+
+class Recipe(_Strict):
+    name: str
+    source: Literal["matrix"] | LocalSource
+    extension_modules: list[str] = Field(min_length=1)
+    import_modules: list[str] = Field(default_factory=list)
+    build: BuildKnobs
+
+
+def load_recipe(package: str | None = None, path: str | Path | None = None) -> tuple[Recipe, Path]:
+    """A recipe by package name (wheels/<name>.toml) or by file path; one-line errors."""
+    if path is None:
+        if package is None:
+            raise AttnkitError("--package or --recipe: one is required")
+        p = RECIPES_DIR / f"{package}.toml"
+        if not p.is_file():
+            known = ", ".join(sorted(f.stem for f in RECIPES_DIR.glob("*.toml") if f.stem != "cibuildwheel"))
+            raise AttnkitError(f"--package: no recipe for {package!r} in {RECIPES_DIR} (known: {known})")
+    else:
+        p = Path(path)
+        if not p.is_file():
+            raise AttnkitError(f"--recipe {p}: no such file")
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise AttnkitError(f"{p}: TOML syntax error: {exc}") from None
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as exc:
+        e = exc.errors(include_url=False)[0]
+        loc = ".".join(str(x) for x in e["loc"])
+        raise AttnkitError(f"{p}: {loc}: {e['msg']}") from None
+    if package is not None and recipe.name != package:
+        raise AttnkitError(f"{p}: name {recipe.name!r} does not match --package {package!r}")
+    return recipe, p
+
+
+# --- arch lists -------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Arch:
+    sm: int  # 90
+    ptx: bool = False
+
+
+def parse_arch(entry: str) -> Arch:
+    """'9.0', '9.0+PTX' or '90' -> Arch(90)."""
+    m = re.fullmatch(r"(\d+)\.(\d+)(\+PTX)?", entry)
+    if m:
+        return Arch(int(m.group(1)) * 10 + int(m.group(2)), bool(m.group(3)))
+    if re.fullmatch(r"\d{2,3}", entry):
+        return Arch(int(entry))
+    raise AttnkitError(f"arch {entry!r}: expected '9.0', '9.0+PTX' or '90'")
+
+
+def format_archs(archs: list[Arch], fmt: ArchFormat) -> str:
+    if fmt == "sm-semicolon":
+        return ";".join(str(a.sm) for a in archs)
+    return ";".join(f"{a.sm // 10}.{a.sm % 10}" + ("+PTX" if a.ptx else "") for a in archs)
+
+
+# --- recipe + matrix + cell -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BuildSpec:
+    """Everything one (package, cell) build needs."""
+
+    package: str
+    version: str
+    cell: Cell
+    recipe: Recipe
+    recipe_path: Path
+    archs: tuple[Arch, ...]
+    sdist_url: str | None
+    sdist_sha256: str | None
+    local_source: Path | None
+    wheel_tag: str = "cpython"
+    toolkit_pypi: str | None = None  # pip version spec of the CUDA toolkit wheels ("13.0.*")
+
+
+def resolve(m: Matrix, cell: Cell, recipe: Recipe, recipe_path: Path) -> BuildSpec:
+    if cell.cuda is None:
+        raise AttnkitError(f"--cell {cell.id}: a CPU cell has no CUDA toolkit; wheels are built for CUDA cells")
+    if isinstance(recipe.source, LocalSource):
+        src = (recipe_path.parent / recipe.source.path).resolve()
+        return BuildSpec(recipe.name, recipe.source.version, cell, recipe, recipe_path,
+                         tuple(parse_arch(a) for a in recipe.source.archs), None, None, src,
+                         toolkit_pypi=m.cuda[cell.cuda].toolkit_pypi)
+    pkg = m.packages.get(recipe.name)  # type: ignore[call-overload]
+    build = cell.package(recipe.name)
+    if pkg is None or build is None:
+        from attnkit.matrix.expand import package_reasons
+
+        why = package_reasons(recipe.name, pkg, cell.torch, cell.cuda) if pkg else ["not in matrix.yaml"]
+        raise AttnkitError(f"--cell {cell.id}: {recipe.name} is not built for this cell ({'; '.join(why)})")
+    return BuildSpec(recipe.name, pkg.version, cell, recipe, recipe_path,
+                     tuple(parse_arch(a) for a in build.archs), pkg.sdist.url, pkg.sdist.sha256, None,
+                     wheel_tag=pkg.wheel_tag, toolkit_pypi=m.cuda[cell.cuda].toolkit_pypi)
