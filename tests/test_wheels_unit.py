@@ -123,7 +123,7 @@ def test_retag_refuses_other_tags_or_versions(tmp_path):
     src = make_wheel(tmp_path)
     with pytest.raises(AttnkitError, match="tagged cp311-cp311-linux_x86_64, the cell needs cp312"):
         retag.retag(src, tmp_path / "o", "demo_pkg-1.0+cu13torch2.11cxx11abiTRUE-cp312-cp312-linux_x86_64.whl", "2.11")
-    with pytest.raises(AttnkitError, match="built version 1.0 is not 2.0"):
+    with pytest.raises(AttnkitError, match=r"built version 1\.0 is not 2\.0"):
         retag.retag(src, tmp_path / "o", "demo_pkg-2.0+cu13torch2.11cxx11abiTRUE-cp311-cp311-linux_x86_64.whl", "2.11")
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
 
