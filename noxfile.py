@@ -71,6 +71,13 @@ def readme(session: nox.Session) -> None:
     session.run("attnkit", "readme", *session.posargs)
 
 
+@nox.session(python=PY, name="ci-plan")
+def ci_plan(session: nox.Session) -> None:
+    """Dry run of CI: the wheel, image and smoke jobs a push would start, per cell."""
+    session.install("-e", ".")
+    session.run("attnkit", "ci-plan", *session.posargs)
+
+
 @nox.session(venv_backend="none")
 def smoke(session: nox.Session) -> None:
     """Check THIS environment: doctor, then every available backend's numerics; writes a JSON report."""

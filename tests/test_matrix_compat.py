@@ -62,13 +62,35 @@ def test_reference_cell_is_the_h200_machine(matrix) -> None:
 
 def test_flash_attn_archs_follow_nvcc_limits(matrix) -> None:
     from attnkit.matrix.expand import all_cells
+    from attnkit.matrix.schema import vkey
 
-    for c in all_cells(matrix):
+    cells = {c.id: c for c in all_cells(matrix)}
+    for c in cells.values():
         fa = c.package("flash-attn")
-        if c.cuda == "12.6":
-            assert fa is not None and fa.archs == ("80", "90")  # sm100/sm120 need nvcc >= 12.8
-        elif c.cuda is not None:
-            assert fa is not None and fa.archs == ("80", "90", "100", "120")
+        if c.cuda is None:
+            continue
+        assert fa is not None
+        builder = cells[fa.built_in]
+        # a shared cu12/cu13 wheel is built by the newest toolkit of its torch x CUDA-major x Python
+        assert builder.torch == c.torch and builder.python == c.python
+        assert builder.cuda.split(".")[0] == c.cuda.split(".")[0] and vkey(builder.cuda) >= vkey(c.cuda)
+        same = [x for x in cells.values() if x.torch == c.torch and x.python == c.python and x.cuda
+                and x.cuda.split(".")[0] == c.cuda.split(".")[0]]
+        assert builder.cuda == max((x.cuda for x in same), key=vkey)
+        expected = ("80", "90") if builder.cuda == "12.6" else ("80", "90", "100", "120")  # sm100+ need 12.8
+        assert fa.archs == expected, (c.id, fa.archs)
+
+
+def test_every_wheel_has_exactly_one_builder(matrix) -> None:
+    from attnkit.matrix.expand import all_cells
+
+    owners: dict[str, set[str]] = {}
+    for c in all_cells(matrix):
+        for p in c.packages:
+            owners.setdefault(p.wheel, set()).add(p.built_in)
+    assert all(len(v) == 1 for v in owners.values())
+    assert owners["flash_attn-2.8.3.post2+cu12torch2.11cxx11abiTRUE-cp312-cp312-linux_x86_64.whl"] == {
+        "torch2.11-cu128-py312"}
 
 
 def test_package_limits_respected(matrix) -> None:

@@ -167,8 +167,10 @@ def test_bad_inputs(py, cache, tmp_path):
     (stub / "nvcc").chmod(0o755)
     r = attnkit(py, cache, *[a if a != "pypi" else str(stub.parent) for a in args], check=False)
     one_line_error(r, "is CUDA 12.8", "built with CUDA 13.0", "majors must match")
-    r = attnkit(py, cache, *[a if a != py else sys.executable for a in args], check=False)
-    one_line_error(r, "does not match cell torch2.14-cu130-py311")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "notorch")], check=True)
+    r = attnkit(py, cache, *[a if a != py else str(tmp_path / "notorch" / "bin" / "python") for a in args],
+                check=False)
+    one_line_error(r, "does not match cell torch2.14-cu130-py311", "no torch in")
     assert not out.exists()
 
 

@@ -29,8 +29,12 @@ def test_recipes_load_and_resolve_against_the_matrix(matrix):
         assert spec.version == matrix.packages[name].version
         assert spec.sdist_sha256 == matrix.packages[name].sdist.sha256
     fa, p = load_recipe("flash-attn")
-    spec = resolve_spec(matrix, find_cell(matrix, "torch2.11-cu126-py312"), fa, p)
+    spec = resolve_spec(matrix, find_cell(matrix, "torch2.12-cu126-py312"), fa, p)
     assert format_archs(list(spec.archs), fa.build.arch_format) == "80;90"  # 12.6 cannot build sm100/120
+    spec = resolve_spec(matrix, find_cell(matrix, "torch2.11-cu128-py312"), fa, p)
+    assert format_archs(list(spec.archs), fa.build.arch_format) == "80;90;100;120"
+    with pytest.raises(AttnkitError, match=r"is shared and built in cell torch2\.11-cu128-py312"):
+        resolve_spec(matrix, find_cell(matrix, "torch2.11-cu126-py312"), fa, p)
 
 
 def test_recipe_errors_are_one_line(tmp_path, capsys):

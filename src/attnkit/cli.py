@@ -38,6 +38,18 @@ def _cmd_matrix(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_ci_plan(a: argparse.Namespace) -> int:
+    from attnkit.matrix import CellFilter, emit, expand, load_matrix
+
+    m = load_matrix(a.file)
+    cells = expand(m, CellFilter(torch=a.torch))
+    if a.format == "json":
+        print(json.dumps(emit.ci_plan(cells), indent=1))
+    else:
+        emit.print_ci_plan(cells)
+    return 0
+
+
 def _cmd_readme(a: argparse.Namespace) -> int:
     from attnkit._io import write_atomic
     from attnkit.matrix import emit, expand, load_matrix
@@ -224,6 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
     mx.add_argument("--format", choices=FORMATS, default="table")
     mx.set_defaults(func=_cmd_matrix)
 
+    cp = sub.add_parser("ci-plan", help="the jobs a push would start, per cell (dry run of the workflows)")
+    cp.add_argument("--file")
+    cp.add_argument("--torch", metavar="X.Y")
+    cp.add_argument("--format", choices=("table", "json"), default="table")
+    cp.set_defaults(func=_cmd_ci_plan)
+
     rd = sub.add_parser("readme", help="regenerate (or --check) the README's matrix table")
     rd.add_argument("--file")
     rd.add_argument("--readme", default="README.md")
@@ -309,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _validate_versions(a: argparse.Namespace) -> None:
     import re
 
-    if a.command != "matrix":
+    if a.command not in ("matrix", "ci-plan"):
         return
     for opt in ("torch", "python"):
         val = getattr(a, opt, None)

@@ -24,7 +24,8 @@ def cell_dict(c: Cell) -> dict[str, Any]:
         "python": c.python,
         "cxx11_abi": c.cxx11_abi,
         "cuda_archs": list(c.cuda_archs),
-        "packages": {p.name: {"version": p.version, "archs": list(p.archs)} for p in c.packages},
+        "packages": {p.name: {"version": p.version, "archs": list(p.archs), "built_in": p.built_in}
+                     for p in c.packages},
         "wheels": {p.name: p.wheel for p in c.packages},
         "base_images": dict(c.base_images),
         "image_tags": {k: list(v) for k, v in c.image_tags.items()},
@@ -39,11 +40,10 @@ def to_json(cells: list[Cell]) -> str:
 def to_github(cells: list[Cell], package: str | None = None) -> str:
     """`{"include": [...]}` for `strategy.matrix: ${{ fromJSON(...) }}`.
 
-    Without a package: one job per cell (images). With one: one job per distinct wheel of that package
-    (xformers' py39-none wheel serves every Python of a torch x CUDA pair, so it is built once).
+    Without a package: one job per cell (images). With one: one job per distinct wheel of that package, in
+    the cell that builds it (expand.builders: cells can share a wheel).
     """
     include: list[dict[str, Any]] = []
-    seen: set[str] = set()
     for c in cells:
         entry: dict[str, Any] = {
             "cell": c.id,
@@ -55,9 +55,8 @@ def to_github(cells: list[Cell], package: str | None = None) -> str:
         }
         if package is not None:
             p = c.package(package)
-            if p is None or p.wheel in seen:
+            if p is None or p.built_in != c.id:
                 continue
-            seen.add(p.wheel)
             entry.update(package=p.name, version=p.version, wheel=p.wheel, archs=";".join(p.archs))
         else:
             entry["packages"] = " ".join(p.name for p in c.packages)
@@ -92,12 +91,47 @@ def to_bake(m: Matrix, cells: list[Cell]) -> str:
                 "tags": list(c.image_tags[v]),
                 "platforms": list(m.publish.platforms),
                 "labels": {"org.attnkit.cell": c.id, "org.attnkit.variant": v},
+                "inherits": ["_common"],  # docker/docker-bake.hcl: cache, provenance, SBOM
             }
     groups = {
         "default": {"targets": [naming.bake_target(c.id, "runtime") for c in cells]},
         "all": {"targets": list(targets)},
     }
     return json.dumps({"group": groups, "target": targets}, indent=2)
+
+
+def ci_plan(cells: list[Cell]) -> list[dict[str, Any]]:
+    """The jobs one push starts, per cell, as the workflows derive them (wheels.yml: one job per distinct
+    wheel, as in to_github(--package); images.yml: one bake per cell for both variants, then a GPU smoke
+    job and the moving-tag promotion)."""
+    plan = []
+    for c in cells:
+        wheels = [p.name for p in c.packages if p.built_in == c.id]
+        plan.append({
+            "cell": c.id,
+            "wheel_jobs": wheels,
+            "shared_wheels": [p.name for p in c.packages if p.name not in wheels],
+            "image_targets": [naming.bake_target(c.id, v) for v in VARIANTS],
+            "smoke": "gpu" if c.cuda else "cpu",
+            "moving_tags": sorted(t for tags in c.moving_tags.values() for t in tags),
+        })
+    return plan
+
+
+def print_ci_plan(cells: list[Cell]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    plan = ci_plan(cells)
+    t = Table(title=f"CI plan: {sum(len(p['wheel_jobs']) for p in plan)} wheel jobs, {len(plan)} image jobs "
+                    f"({2 * len(plan)} bake targets), {len(plan)} smoke jobs")
+    for col in ("cell", "wheel jobs", "image targets", "smoke", "moving tags"):
+        t.add_column(col)
+    for p in plan:
+        wheels = ", ".join(p["wheel_jobs"]) + (f" (+{', '.join(p['shared_wheels'])} shared)" if p["shared_wheels"] else "")
+        t.add_row(p["cell"], wheels or "-", " ".join(p["image_targets"]), p["smoke"],
+                  " ".join(x.split(":", 1)[1] for x in p["moving_tags"]) or "-")
+    Console(width=220).print(t)
 
 
 def _pkg_cell(c: Cell, name: str) -> str:

@@ -18,6 +18,7 @@ class PackageBuild:
     version: str
     archs: tuple[str, ...]  # SM numbers ("90") or TORCH_CUDA_ARCH_LIST entries ("9.0"), per the package
     wheel: str
+    built_in: str  # id of the cell whose job builds this wheel (cells can share one wheel, see builders())
 
 
 @dataclass(frozen=True)
@@ -112,17 +113,52 @@ def _newest_python(cells: list[tuple[str, str | None, str]]) -> dict[tuple[str, 
     return newest
 
 
-def _make_cell(m: Matrix, torch: str, cuda: str | None, python: str, newest: bool) -> Cell:
+def _wheel_name(m: Matrix, name: str, pkg: Package, torch: str, cuda: str, python: str) -> str:
+    return naming.wheel_filename(name, pkg.version, cuda=cuda, torch=torch, cxx11_abi=m.torch[torch].cxx11_abi,
+                                 python=python, wheel_tag=pkg.wheel_tag,
+                                 machine=naming.platform_machine(m.publish.platforms[0]))
+
+
+def builders(m: Matrix, triples: list[tuple[str, str | None, str]]) -> dict[str, tuple[str, str, str]]:
+    """Wheel file name -> the (torch, cuda, python) that builds it.
+
+    Names carry only the CUDA major (upstream's scheme), so cu126 and cu128 cells of one torch share a
+    flash-attn wheel, and xformers' py39-none wheel serves every Python. Like upstream, the shared wheel is
+    built with the newest toolkit among them (most archs: sm100/sm120 need nvcc >= 12.8) and runs on the
+    others through CUDA minor-version compatibility. Among Pythons (a py39-none wheel) the reference cell's
+    Python builds it, so the machine we test on builds what it tests.
+    """
+    ref_py = m.reference_cell.python
+
+    def rank(cuda: str, python: str) -> tuple[object, ...]:
+        return (vkey(cuda), python == ref_py, vkey(python))
+
+    out: dict[str, tuple[str, str, str]] = {}
+    for torch, cuda, python in triples:
+        if cuda is None:
+            continue
+        for name, pkg in m.packages.items():
+            if package_reasons(name, pkg, torch, cuda):
+                continue
+            fname = _wheel_name(m, name, pkg, torch, cuda, python)
+            cur = out.get(fname)
+            if cur is None or rank(cuda, python) > rank(cur[1], cur[2]):
+                out[fname] = (torch, cuda, python)
+    return out
+
+
+def _make_cell(m: Matrix, torch: str, cuda: str | None, python: str, newest: bool,
+               builder: dict[str, tuple[str, str, str]]) -> Cell:
     rel = m.torch[torch]
     packages: list[PackageBuild] = []
     if cuda is not None:
         for name, pkg in m.packages.items():
             if package_reasons(name, pkg, torch, cuda):
                 continue
-            wheel = naming.wheel_filename(name, pkg.version, cuda=cuda, torch=torch, cxx11_abi=rel.cxx11_abi,
-                                          python=python, wheel_tag=pkg.wheel_tag,
-                                          machine=naming.platform_machine(m.publish.platforms[0]))
-            packages.append(PackageBuild(name, pkg.version, _package_archs(m, pkg, cuda), wheel))
+            wheel = _wheel_name(m, name, pkg, torch, cuda, python)
+            bt, bc, bp = builder[wheel]
+            packages.append(PackageBuild(name, pkg.version, _package_archs(m, pkg, bc), wheel,
+                                         naming.cell_id(bt, bc, bp)))
     images = m.cuda[cuda].images if cuda is not None else m.cpu.images
     cid = naming.cell_id(torch, cuda, python)
     ref = m.reference_cell
@@ -185,7 +221,8 @@ def all_cells(m: Matrix) -> list[Cell]:
     triples += [(cpu.torch, None, cpu.python) for cpu in m.build.cpu]
     triples.sort(key=lambda t: (t[1] is None, vkey(t[0]), vkey(t[1] or "0.0"), vkey(t[2])))
     newest = _newest_python(triples)
-    return [_make_cell(m, t, c, p, newest[(t, c)] == p) for t, c, p in triples]
+    builder = builders(m, triples)
+    return [_make_cell(m, t, c, p, newest[(t, c)] == p, builder) for t, c, p in triples]
 
 
 def _check_filter(m: Matrix, f: CellFilter) -> None:

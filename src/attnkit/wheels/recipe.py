@@ -142,6 +142,9 @@ def resolve(m: Matrix, cell: Cell, recipe: Recipe, recipe_path: Path) -> BuildSp
 
         why = package_reasons(recipe.name, pkg, cell.torch, cell.cuda) if pkg else ["not in matrix.yaml"]
         raise AttnkitError(f"--cell {cell.id}: {recipe.name} is not built for this cell ({'; '.join(why)})")
+    if build.built_in != cell.id:
+        raise AttnkitError(f"--cell {cell.id}: its {recipe.name} wheel ({build.wheel}) is shared and built in cell "
+                           f"{build.built_in}; use --cell {build.built_in}")
     return BuildSpec(recipe.name, pkg.version, cell, recipe, recipe_path,
                      tuple(parse_arch(a) for a in build.archs), pkg.sdist.url, pkg.sdist.sha256, None,
                      wheel_tag=pkg.wheel_tag, toolkit_pypi=m.cuda[cell.cuda].toolkit_pypi)
