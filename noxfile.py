@@ -51,7 +51,16 @@ BUILD_DEPS = ["setuptools>=75", "wheel==0.48.0", "ninja==1.13.0", "auditwheel==6
 
 @nox.session(python=PY)
 def e2e(session: nox.Session) -> None:
-    """Real builds: a tiny CUDA extension through the wheel pipeline (nvcc from PyPI, CUDA torch)."""
+    """Real builds: a tiny CUDA extension through the wheel pipeline (nvcc from PyPI, CUDA torch), and the CPU
+    cell's image with podman on a debootstrap-made base (both installed here from Debian when missing)."""
+    import shutil
+
+    missing = [t for t in ("podman", "buildah", "debootstrap") if shutil.which(t) is None]
+    if missing:
+        session.log(f"installing {', '.join(missing)} from Debian (needs root)")
+        session.run("apt-get", "update", "-qq", external=True)
+        session.run("apt-get", "install", "-y", "-qq", "podman", "buildah", "debootstrap", "runc", external=True,
+                    env={"DEBIAN_FRONTEND": "noninteractive"})
     session.install("-e", ".[test]", TORCH_CUDA, *BUILD_DEPS)
     python = str(Path(session.virtualenv.location) / "bin" / "python")
     session.run("pytest", "-m", "e2e", "-q", "-rA", *session.posargs, env={"ATTNKIT_E2E_PYTHON": python})
