@@ -138,12 +138,31 @@ def test_interrupted_build_resumes(py, cache, tmp_path):
     proc.wait(timeout=120)
     assert proc.returncode == 130, proc.stderr.read() if proc.stderr else ""
     assert not out.exists() or list(out.iterdir()) == []  # nothing half-written
+    time.sleep(1)
+    survivors = []  # no compiler of that build keeps running (ninja gives each its own process group)
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(bdir) in cmdline.read_bytes().decode(errors="replace"):
+                survivors.append(cmdline.parent.name)
+        except OSError:
+            continue
+    assert survivors == [], survivors
     objects = list((bdir / "src" / "build").rglob("*.o"))
     assert len(objects) >= 1
     r = attnkit(py, cache, *build_args(out, bdir, py), "--jobs", "1")
     rep = json.loads(r.stdout)
     assert 1 <= rep["objects_compiled_this_run"] < 3, rep  # resumed: the finished object was not rebuilt
     assert rep["verify"]["ok"] and (out / WHEEL).is_file()
+
+
+def test_arch_subset_test_build(py, cache, tmp_path):
+    """`--archs 90`: what the H200 run uses to build one arch in minutes; the wheel is marked and verified
+    for exactly that arch."""
+    r = attnkit(py, cache, *build_args(tmp_path / "house", tmp_path / "build", py), "--archs", "90")
+    rep = json.loads(r.stdout)
+    assert rep["wheel"] == WHEEL.replace("cxx11abiTRUE-", "cxx11abiTRUE.sm90-")
+    assert rep["verify"]["ok"] and rep["verify"]["checks"]["archs_expected"] == ["sm_90"]
+    assert list(rep["verify"]["checks"]["archs_found"].values()) == [["sm_90"]]
 
 
 def one_line_error(r: subprocess.CompletedProcess[str], *needles: str) -> None:

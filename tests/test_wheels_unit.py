@@ -236,3 +236,27 @@ def test_install_checks_the_hash(tmp_path):
     resolve.install(cand, "demo-pkg", python=py)
     r = subprocess.run([py, "-c", "import demo_pkg; print(demo_pkg.VALUE)"], capture_output=True, text=True)
     assert r.stdout.strip() == "42"
+
+
+def test_arch_subset_builds_are_marked_and_never_resolved(matrix, tmp_path):
+    from attnkit.matrix import naming
+    from attnkit.matrix.expand import find_cell
+    from attnkit.wheels.recipe import resolve as resolve_spec
+    from attnkit.wheels.recipe import restrict
+
+    fa, p = load_recipe("flash-attn")
+    spec = resolve_spec(matrix, find_cell(matrix, "torch2.11-cu130-py312"), fa, p)
+    sub = restrict(spec, "90")
+    assert [a.sm for a in sub.archs] == [90] and sub.arch_subset == "sm90"
+    assert restrict(spec, "80;90;100;120") is spec
+    with pytest.raises(AttnkitError, match=r"--archs 75: must be a non-empty subset of the cell's archs \(80;90;100;120\)"):
+        restrict(spec, "75")
+    name = naming.wheel_filename("flash-attn", "2.8.3.post2", cuda="13.0", torch="2.11", cxx11_abi=True,
+                                 python="3.12", wheel_tag="cpython", arch_subset="sm90")
+    assert name == "flash_attn-2.8.3.post2+cu13torch2.11cxx11abiTRUE.sm90-cp312-cp312-linux_x86_64.whl"
+    house = tmp_path / "h"
+    house.mkdir()
+    verified(tmp_path, make_wheel(house, version="1.0+cu13torch2.11cxx11abiTRUE.sm90"))
+    index.build_index(house, tmp_path / "site")
+    with pytest.raises(AttnkitError, match="not an attnkit build"):
+        resolve.choose(resolve.listing(str(tmp_path / "site" / "simple"), "demo-pkg"), env(), "demo-pkg")

@@ -94,7 +94,12 @@ def _spec(a: argparse.Namespace):  # type: ignore[no-untyped-def]
     m = load_matrix(a.file)
     cell = find_cell(m, a.cell)
     recipe, path = load_recipe(a.package, a.recipe)
-    return resolve(m, cell, recipe, path)
+    spec = resolve(m, cell, recipe, path)
+    if getattr(a, "archs", None):
+        from attnkit.wheels.recipe import restrict
+
+        spec = restrict(spec, a.archs)
+    return spec
 
 
 def _cmd_wheels_build(a: argparse.Namespace) -> int:
@@ -308,6 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     wb.add_argument("--toolkit", default="auto", help="auto (CUDA_HOME, /usr/local/cuda, PATH), pypi, or a path")
     wb.add_argument("--jobs", type=int, help="parallel compile jobs (default: from cores and memory)")
     wb.add_argument("--no-verify", action="store_true")
+    wb.add_argument("--archs", help="a test build for a subset of the cell's archs, e.g. 90 (wheel marked .sm90)")
     wb.add_argument("--report", help="also write the build report JSON here")
     wb.set_defaults(func=_cmd_wheels_build)
 
@@ -315,12 +321,14 @@ def build_parser() -> argparse.ArgumentParser:
     wv.add_argument("wheel")
     cell_args(wv)
     wv.add_argument("--accept-to", help="on success, move it (with its report) into this wheelhouse")
+    wv.add_argument("--archs", help="verify a test build made with `wheels build --archs`")
     wv.set_defaults(func=_cmd_wheels_verify)
 
     wf = wsub.add_parser("finalize", help="name, pin, verify and accept a wheel built elsewhere (cibuildwheel repair)")
     wf.add_argument("wheel")
     cell_args(wf)
     wf.add_argument("--out", required=True)
+    wf.add_argument("--archs", help="a test build for a subset of the cell's archs")
     wf.set_defaults(func=_cmd_wheels_finalize)
 
     wt = wsub.add_parser("toolkit", help="print a CUDA_HOME for the cell (provisioning it from PyPI with --toolkit pypi)")

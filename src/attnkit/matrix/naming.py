@@ -62,9 +62,12 @@ def cuda_label(cuda: str) -> str:
     return f"cu{cuda.split('.')[0]}"
 
 
-def wheel_local_version(cuda: str, torch: str, cxx11_abi: bool) -> str:
-    """'cu13torch2.11cxx11abiTRUE': what differs between builds of one release."""
-    return f"{cuda_label(cuda)}torch{torch}cxx11abi{str(cxx11_abi).upper()}"
+def wheel_local_version(cuda: str, torch: str, cxx11_abi: bool, arch_subset: str | None = None) -> str:
+    """'cu13torch2.11cxx11abiTRUE': what differs between builds of one release. A build restricted to fewer
+    archs than its cell's (a test build, `--archs`) is marked '.sm90', so it can never pass for the cell's
+    wheel: resolve() does not pick it and its name differs."""
+    base = f"{cuda_label(cuda)}torch{torch}cxx11abi{str(cxx11_abi).upper()}"
+    return f"{base}.{arch_subset}" if arch_subset else base
 
 
 def parse_local_version(local: str) -> tuple[str, str, bool] | None:
@@ -93,7 +96,7 @@ def platform_machine(platform: str) -> str:
 
 
 def wheel_filename(package: str, version: str, *, cuda: str, torch: str, cxx11_abi: bool,
-                   python: str, wheel_tag: str, machine: str = "x86_64") -> str:
+                   python: str, wheel_tag: str, machine: str = "x86_64", arch_subset: str | None = None) -> str:
     py, abi = wheel_tags(wheel_tag, python)
-    local = wheel_local_version(cuda, torch, cxx11_abi)
+    local = wheel_local_version(cuda, torch, cxx11_abi, arch_subset)
     return f"{dist_name(package)}-{version}+{local}-{py}-{abi}-linux_{machine}.whl"

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -243,10 +244,7 @@ def run_build(spec: BuildSpec, src: Path, env: dict[str, str], python: str, dist
                         progress.update(int(m.group(1)), int(m.group(2)))
                 rc = proc.wait()
             except BaseException:
-                import signal
-
-                os.killpg(proc.pid, signal.SIGTERM)  # stop nvcc too; objects already written stay
-                proc.wait()
+                _stop_session(proc)  # stop nvcc too; objects already written stay
                 raise
     finally:
         stop.set()
@@ -261,6 +259,37 @@ def run_build(spec: BuildSpec, src: Path, env: dict[str, str], python: str, dist
     if len(wheels) != 1:
         raise AttnkitError(f"build: expected one wheel in {dist}, found {len(wheels)}; log: {log_path}")
     return wheels[0]
+
+
+def _session_members(sid: int) -> list[int]:
+    """PIDs in session `sid`. ninja puts each compiler in its own process group (so Ctrl-C does not reach
+    it), but they all stay in the session that pip was started in."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == sid:  # session id is field 6; fields[0] is field 3 (state)
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def _stop_session(proc: subprocess.Popen[str]) -> None:
+    import signal
+
+    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        for pid in _session_members(proc.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and _session_members(proc.pid):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=0.2)
+        if not _session_members(proc.pid):
+            break
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
 
 
 def _log_tail(path: Path) -> str:
@@ -316,7 +345,7 @@ def finalize(built: Path, spec: BuildSpec, out: Path, *, python: str = sys.execu
     cell = spec.cell
     assert cell.cuda is not None
     filename = naming.wheel_filename(spec.package, spec.version, cuda=cell.cuda, torch=cell.torch,
-                                     cxx11_abi=cell.cxx11_abi, python=cell.python, wheel_tag=spec.wheel_tag,
+                                     cxx11_abi=cell.cxx11_abi, python=cell.python, wheel_tag=spec.wheel_tag, arch_subset=spec.arch_subset,
                                      machine=machine or platform.machine())
     with tempfile.TemporaryDirectory(prefix="attnkit-stage-") as tmp:
         staged = retag(built, Path(tmp), filename, cell.torch)

@@ -125,6 +125,25 @@ class BuildSpec:
     local_source: Path | None
     wheel_tag: str = "cpython"
     toolkit_pypi: str | None = None  # pip version spec of the CUDA toolkit wheels ("13.0.*")
+    arch_subset: str | None = None  # set by restrict(): a test build for fewer archs, named '.sm90'
+
+
+def restrict(spec: BuildSpec, archs: str) -> BuildSpec:
+    """The same build for a subset of the cell's archs (e.g. '90' for a quick build on one GPU). The wheel
+    gets a marked local version, so it is never mistaken for the cell's full wheel."""
+    import dataclasses
+
+    wanted = tuple(parse_arch(a.strip()) for a in archs.replace(",", ";").split(";") if a.strip())
+    have = {a.sm for a in spec.archs}
+    extra = [a.sm for a in wanted if a.sm not in have]
+    if not wanted or extra:
+        raise AttnkitError(f"--archs {archs}: must be a non-empty subset of the cell's archs "
+                           f"({';'.join(str(a.sm) for a in spec.archs)})")
+    if {a.sm for a in wanted} == have:
+        return spec
+    by_sm = {a.sm: a for a in spec.archs}
+    chosen = tuple(by_sm[a.sm] for a in wanted)
+    return dataclasses.replace(spec, archs=chosen, arch_subset="".join(f"sm{a.sm}" for a in chosen))
 
 
 def resolve(m: Matrix, cell: Cell, recipe: Recipe, recipe_path: Path) -> BuildSpec:

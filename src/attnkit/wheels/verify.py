@@ -163,7 +163,7 @@ def verify_wheel(wheel: Path, spec: BuildSpec, python: str = sys.executable) -> 
         raise AttnkitError(f"--python {python}: cannot verify for cell {cell.id}: {'; '.join(bad)}")
     # 1. name
     expected = naming.wheel_filename(spec.package, spec.version, cuda=cell.cuda, torch=cell.torch,
-                                     cxx11_abi=cell.cxx11_abi, python=cell.python, wheel_tag=spec.wheel_tag,
+                                     cxx11_abi=cell.cxx11_abi, python=cell.python, wheel_tag=spec.wheel_tag, arch_subset=spec.arch_subset,
                                      machine=env_info.machine)
     rep.checks["name"] = expected
     if wheel.name != expected:
