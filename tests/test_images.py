@@ -85,7 +85,8 @@ def built(env, context, tmp_path_factory):
         layer_groups={"base image": base_size,
                       "os stage: distro Python + user": (osrep.size_bytes or 0) - (base_size or 0),
                       "environment (/opt/venv)": next((h["size"] for h in first.history
-                                                       if "/opt/venv" in h["created_by"]), None),
+                                                       if "COPY" in h["created_by"] and "in /opt/venv" in h["created_by"]),
+                                                      None),
                       "attnkit smoke files": sum(h["size"] or 0 for h in first.history
                                                  if "COPY" in h["created_by"] and "/opt/attnkit" in h["created_by"])},
         history=first.history)
