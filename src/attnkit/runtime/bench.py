@@ -15,7 +15,7 @@ from typing import Any
 
 from attnkit._io import write_atomic
 
-ITERS = 15
+ITERS = 25
 MATH_MAX_SCORES = 1 << 28  # sdpa_math materialises B*H*Sq*Sk scores: bench it only where that is small
 
 
