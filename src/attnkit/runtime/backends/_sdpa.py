@@ -8,6 +8,7 @@ kernel supports it, otherwise through an explicit mask from `layout.allowed_mask
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 from attnkit.runtime import layout
@@ -51,7 +52,9 @@ class SdpaBackend(Backend):
             q = layout.unpack(q, idx_q, call.batch, call.seqlen_q)
             k = layout.unpack(k, idx_k, call.batch, call.seqlen_k)
             v = layout.unpack(v, idx_k, call.batch, call.seqlen_k)
-        kwargs: dict[str, Any] = {"scale": p.scale, "dropout_p": p.dropout_p}
+        kwargs: dict[str, Any] = {"dropout_p": p.dropout_p}
+        if abs(p.scale * math.sqrt(call.head_dim) - 1.0) > 1e-12:  # SDPA's default is 1/sqrt(head_dim)
+            kwargs["scale"] = p.scale
         if call.gqa:
             if self.limits.gqa == "native":
                 kwargs["enable_gqa"] = True
