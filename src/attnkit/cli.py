@@ -173,17 +173,10 @@ def _cmd_wheels_source(a: argparse.Namespace) -> int:
 def _cmd_wheels_env(a: argparse.Namespace) -> int:
     import shlex
 
-    from attnkit.wheels.build import available_memory_gib, choose_jobs, cpu_count
-    from attnkit.wheels.recipe import format_archs
+    from attnkit.wheels.build import jobs_for, recipe_env
 
     spec = _spec(a)
-    knobs = spec.recipe.build
-    jobs, _ = choose_jobs(cpu_count(), available_memory_gib(), knobs.nvcc_threads, knobs.memory_per_job_gib, a.jobs)
-    env = dict(knobs.env)
-    env[knobs.arch_env] = format_archs(list(spec.archs), knobs.arch_format)
-    env[knobs.jobs_env] = str(jobs)
-    if knobs.nvcc_threads_env:
-        env[knobs.nvcc_threads_env] = knobs.nvcc_threads_value.format(threads=knobs.nvcc_threads)
+    env = recipe_env(spec, jobs_for(spec, a.jobs)[0])
     if a.format == "json":
         print(json.dumps(env, indent=1))
     else:
@@ -317,18 +310,19 @@ def build_parser() -> argparse.ArgumentParser:
     wb.add_argument("--report", help="also write the build report JSON here")
     wb.set_defaults(func=_cmd_wheels_build)
 
+    def wheel_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("wheel")
+        cell_args(sp)
+        sp.add_argument("--archs", help="a test build made with `wheels build --archs` (a subset of the cell's)")
+
     wv = wsub.add_parser("verify", help="verify a wheel for a cell (archs, import, torch pin, auditwheel)")
-    wv.add_argument("wheel")
-    cell_args(wv)
+    wheel_args(wv)
     wv.add_argument("--accept-to", help="on success, move it (with its report) into this wheelhouse")
-    wv.add_argument("--archs", help="verify a test build made with `wheels build --archs`")
     wv.set_defaults(func=_cmd_wheels_verify)
 
     wf = wsub.add_parser("finalize", help="name, pin, verify and accept a wheel built elsewhere (cibuildwheel repair)")
-    wf.add_argument("wheel")
-    cell_args(wf)
+    wheel_args(wf)
     wf.add_argument("--out", required=True)
-    wf.add_argument("--archs", help="a test build for a subset of the cell's archs")
     wf.set_defaults(func=_cmd_wheels_finalize)
 
     wt = wsub.add_parser("toolkit", help="print a CUDA_HOME for the cell (provisioning it from PyPI with --toolkit pypi)")

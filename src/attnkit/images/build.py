@@ -49,7 +49,7 @@ class ImageReport:
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
-def build_args(m: Matrix, cell: Cell, variant: str, base_image: str | None, revision: str) -> dict[str, str]:
+def build_args(cell: Cell, variant: str, base_image: str | None, revision: str) -> dict[str, str]:
     args = emit.bake_args(cell, variant)
     if base_image:
         args["BASE_IMAGE"] = base_image
@@ -98,7 +98,7 @@ def build_image(m: Matrix, cell: Cell, variant: str = "runtime", *, target: str 
     if not (context / "wheelhouse" / "requirements.txt").is_file():
         raise AttnkitError(f"images: {context / 'wheelhouse'} has no requirements.txt; run "
                            f"`attnkit images wheelhouse --cell {cell.id} --out {context / 'wheelhouse'}` first")
-    args = build_args(m, cell, variant, base_image, _git_revision())
+    args = build_args(cell, variant, base_image, _git_revision())
     args["WHEELHOUSE_DIGEST"] = wheelhouse_digest(context / "wheelhouse")
     tag = tag or (cell.image_tags[variant][0] if target == variant else f"localhost/attnkit:{cell.id}-{target}")
     rep = ImageReport(cell.id, variant, target, builder, tag, args["BASE_IMAGE"])

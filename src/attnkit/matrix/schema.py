@@ -200,9 +200,6 @@ class Matrix(_Strict):
     build: BuildRules
     reference_cell: ReferenceCell
 
-    def torch_release(self, minor: str) -> TorchRelease:
-        return self.torch[minor]
-
 
 def cross_problems(m: Matrix) -> list[tuple[tuple[str | int, ...], str]]:
     """Facts that span fields: (location, message) for each, so the loader can name the line."""

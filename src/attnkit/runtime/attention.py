@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import torch  # this module is the runtime's entry: `import attnkit` alone does not load it
+
 from attnkit.runtime.backends import Backend, Params
 from attnkit.runtime.call import AttentionCall, make_call
 from attnkit.runtime.layout import pack, unpack
@@ -36,24 +38,9 @@ def _fast_key(q: Any, k: Any, v: Any, causal: bool, softmax_scale: float | None,
     dt = q.dtype
     if k.dtype is not dt or v.dtype is not dt:
         return None
-    grad = _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     return (q.shape, k.shape, v.shape, dt, q.device, causal, softmax_scale, dropout_p, window, backend, grad,
-            _deterministic(), SELECTOR.generation)
-
-
-def _grad_enabled() -> bool:
-    import torch
-
-    global _grad_enabled, _deterministic
-    _grad_enabled = torch.is_grad_enabled  # type: ignore[assignment]
-    _deterministic = torch.are_deterministic_algorithms_enabled  # type: ignore[assignment]
-    return bool(torch.is_grad_enabled())
-
-
-def _deterministic() -> bool:
-    import torch
-
-    return bool(torch.are_deterministic_algorithms_enabled())
+            torch.are_deterministic_algorithms_enabled(), SELECTOR.generation)
 
 
 def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float | None = None,
@@ -111,8 +98,6 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
     pr = probe()
 
     def timer(b: Backend) -> float:
-        import torch
-
         def once() -> Any:
             with torch.no_grad():
                 return b.run(q.detach(), k.detach(), v.detach(), call, params)

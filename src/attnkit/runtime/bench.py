@@ -113,11 +113,6 @@ def interleaved(runs: dict[str, Any], device: str, iters: int = ITERS, warmup: i
     return {n: statistics.median(v) for n, v in samples.items()}, errors
 
 
-def _time(fn: Any, device: str, warmup: int = 3, iters: int = 10) -> float:
-    from attnkit.runtime.select import time_backend
-
-    return time_backend(fn, device, warmup=warmup, iters=iters)
-
 
 def _tensors(s: Shape, device: str, grad: bool) -> tuple[Any, Any, Any]:
     import torch

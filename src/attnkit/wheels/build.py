@@ -122,14 +122,26 @@ def prepare_source(spec: BuildSpec, build_dir: Path, cache: Path) -> Path:
     return src
 
 
-def build_env(spec: BuildSpec, tk: Toolkit, jobs: int) -> dict[str, str]:
+def jobs_for(spec: BuildSpec, override: int | None = None) -> tuple[int, str]:
+    """choose_jobs() for this machine and this recipe's per-job cost."""
     knobs = spec.recipe.build
-    env = dict(os.environ)
-    env.update(knobs.env)
+    return choose_jobs(cpu_count(), available_memory_gib(), knobs.nvcc_threads, knobs.memory_per_job_gib, override)
+
+
+def recipe_env(spec: BuildSpec, jobs: int) -> dict[str, str]:
+    """The variables that drive the package's setup.py: the recipe's switches, its arch list, parallelism.
+    Shared by the native build and `attnkit wheels env` (CI, cibuildwheel)."""
+    knobs = spec.recipe.build
+    env = dict(knobs.env)
     env[knobs.arch_env] = format_archs(list(spec.archs), knobs.arch_format)
     env[knobs.jobs_env] = str(jobs)
     if knobs.nvcc_threads_env:
         env[knobs.nvcc_threads_env] = knobs.nvcc_threads_value.format(threads=knobs.nvcc_threads)
+    return env
+
+
+def build_env(spec: BuildSpec, tk: Toolkit, jobs: int) -> dict[str, str]:
+    env = {**os.environ, **recipe_env(spec, jobs)}
     env["CUDA_HOME"] = str(tk.home)
     env["PATH"] = f"{tk.home / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     env.pop("PIP_REQUIRE_VIRTUALENV", None)
@@ -314,7 +326,7 @@ def build_wheel(spec: BuildSpec, out: Path, *, python: str = sys.executable, bui
     build_dir = build_dir or (cache / "build" / cell.id / spec.package)
     build_dir.mkdir(parents=True, exist_ok=True)
     knobs = spec.recipe.build
-    n_jobs, why = choose_jobs(cpu_count(), available_memory_gib(), knobs.nvcc_threads, knobs.memory_per_job_gib, jobs)
+    n_jobs, why = jobs_for(spec, jobs)
     report = BuildReport(spec.package, spec.version, cell.id, jobs=n_jobs, jobs_reason=why,
                          nvcc_threads=knobs.nvcc_threads, archs=format_archs(list(spec.archs), knobs.arch_format),
                          toolkit=f"CUDA {tk.version} ({tk.source}: {tk.home})", log=str(build_dir / "build.log"))
@@ -328,7 +340,8 @@ def build_wheel(spec: BuildSpec, out: Path, *, python: str = sys.executable, bui
     final, verified = finalize(built, spec, out, python=python, machine=env_info.machine, verify=verify)
     report.verify = verified or {}
     report.wheel = final.name
-    report.sha256 = hashlib.sha256(final.read_bytes()).hexdigest()
+    # verification already hashed these exact bytes (accept copies them); hash again only when it did not run
+    report.sha256 = str(verified["sha256"]) if verified else hashlib.sha256(final.read_bytes()).hexdigest()
     report.size_bytes = final.stat().st_size
     return report
 

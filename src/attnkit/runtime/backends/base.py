@@ -58,7 +58,7 @@ def reasons(limits: Limits, call: AttentionCall, capability: tuple[int, int] | N
         out.append("needs v's head_dim equal to q's")
     if call.varlen and limits.varlen == "no":
         out.append("no varlen (cu_seqlens) support")
-    if call.varlen and limits.varlen_same_lengths_only and call.lengths_q != call.lengths_k:
+    if call.varlen and limits.varlen_same_lengths_only and not call.varlen_same:
         out.append("varlen only with cu_seqlens_q == cu_seqlens_k (self-attention)")
     if not call.varlen and not limits.padded:
         out.append("serves only varlen (cu_seqlens) calls")
