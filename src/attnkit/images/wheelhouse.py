@@ -23,20 +23,13 @@ from packaging.utils import parse_wheel_filename
 
 from attnkit.errors import AttnkitError
 from attnkit.matrix.expand import Cell
+from attnkit.wheels.pyenv import torch_requirement
 
 PIP_VERSION = "26.3"
 NOX_VERSION = "2026.10.20"
 PYTEST_VERSION = "9.2.0"
 DEVEL_TOOLS = ("setuptools", "wheel", "ninja", "packaging", "psutil")
-TORCH_INDEX = "https://download.pytorch.org/whl/{label}"  # PyTorch's own wheels: cpu, cu126, cu130, ...
 ROOT = Path(__file__).resolve().parents[3]
-
-
-def torch_requirement(cell: Cell) -> tuple[str, str]:
-    """(requirement, PyTorch index URL) for the cell's torch build."""
-    label = "cpu" if cell.cuda is None else "cu" + cell.cuda.replace(".", "")
-    version = cell.torch_version + ("+cpu" if cell.cuda is None else "")
-    return f"torch=={version}", TORCH_INDEX.format(label=label)
 
 
 def _platform_args(cell: Cell) -> list[str]:

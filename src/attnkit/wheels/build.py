@@ -213,17 +213,23 @@ class _Progress:
             self._bar.stop()
 
 
-def _watch_memory(stop: threading.Event, out: list[float]) -> None:
-    total = None
+def memory_used_gib() -> float | None:
+    """MemTotal - MemAvailable, both read now: on VMs whose memory grows as it is used (Firecracker
+    balloons), a MemTotal read once at the start would understate the peak."""
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                total = int(line.split()[1]) / (1024 * 1024)
-    except OSError:
-        return
+        info = {ln.split(":")[0]: int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines()
+                if ln.startswith(("MemTotal:", "MemAvailable:"))}
+        return (info["MemTotal"] - info["MemAvailable"]) / (1024 * 1024)
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+
+
+def _watch_memory(stop: threading.Event, out: list[float]) -> None:
     while not stop.wait(1.0):
-        if total is not None:
-            out.append(total - available_memory_gib())
+        used = memory_used_gib()
+        if used is None:
+            return
+        out.append(used)
 
 
 def run_build(spec: BuildSpec, src: Path, env: dict[str, str], python: str, dist: Path, log_path: Path,

@@ -4,6 +4,7 @@ tag, platform. Read in a subprocess so the driver can target another interpreter
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -63,3 +64,16 @@ def cell_mismatches(env: PyEnv, cell: Cell) -> list[str]:
     if env.cxx11_abi is not None and env.cxx11_abi != cell.cxx11_abi:
         out.append(f"torch C++11 ABI is {env.cxx11_abi}, the cell's is {cell.cxx11_abi}")
     return out
+
+
+TORCH_INDEX = "https://download.pytorch.org/whl/{label}"  # PyTorch's own wheels: cpu, cu126, cu130, ...
+ENV_TORCH_INDEX = "ATTNKIT_TORCH_INDEX"  # a mirror of it (air-gapped CI, a local proxy)
+
+
+def torch_requirement(cell: Cell) -> tuple[str, str]:
+    """(requirement, index URL) of the cell's torch build: PyPI's plain `torch` is one CUDA flavour only,
+    so every cell installs from PyTorch's per-CUDA index (or the mirror ATTNKIT_TORCH_INDEX names)."""
+    label = "cpu" if cell.cuda is None else "cu" + cell.cuda.replace(".", "")
+    version = cell.torch_version + ("+cpu" if cell.cuda is None else "")
+    index = os.environ.get(ENV_TORCH_INDEX) or TORCH_INDEX.format(label=label)
+    return f"torch=={version}", index
