@@ -12,7 +12,7 @@
 #           --cell torch2.11-cu130-py312 --dest /tmp/x   downloads and sha256-checks it)
 # Run in the background with setsid so later calls can collect it (one call may last 10 minutes, the build
 # takes longer):  FA_OUT=/tmp/faout setsid bash tools/h200-flash-attn.sh &   ... then wait for $FA_OUT/DONE.
-# JOBS=N passes --jobs N (VMs whose memory grows as it is used report too little MemAvailable at the start).
+# JOBS=N passes --jobs N to the driver (default: its own choice from cores and memory).
 set -uo pipefail
 OUT=${FA_OUT:-${OUT:-/tmp/out}}
 mkdir -p "$OUT"

@@ -306,11 +306,14 @@ def build_parser() -> argparse.ArgumentParser:
     wh = sub.add_parser("wheels", help="build and verify prebuilt wheels")
     wsub = wh.add_subparsers(dest="wheels_command", required=True, parser_class=_Parser)
 
+    def cell_only(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--cell", required=True, help="cell id, e.g. torch2.11-cu130-py312")
+        sp.add_argument("--file", help="matrix file")
+
     def cell_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--package", help="recipe wheels/<NAME>.toml")
         sp.add_argument("--recipe", help="a recipe file instead of --package")
-        sp.add_argument("--cell", required=True, help="cell id, e.g. torch2.11-cu130-py312")
-        sp.add_argument("--file", help="matrix file")
+        cell_only(sp)
         sp.add_argument("--python", default=sys.executable, help="interpreter with the cell's torch")
 
     wb = wsub.add_parser("build", help="build one package for one cell, verify it, put it in --out")
@@ -356,8 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     we.set_defaults(func=_cmd_wheels_env)
 
     wto = wsub.add_parser("torch", help="the cell's torch as pip arguments (requirement and PyTorch index)")
-    wto.add_argument("--cell", required=True, help="cell id, e.g. torch2.11-cu130-py312")
-    wto.add_argument("--file", help="matrix file")
+    cell_only(wto)
     wto.add_argument("--format", choices=("pip", "json"), default="pip")
     wto.set_defaults(func=_cmd_wheels_torch)
 

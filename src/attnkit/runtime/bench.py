@@ -303,11 +303,7 @@ def varlen_vs_padded(device: str, quick: bool) -> dict[str, Any]:
     def padded() -> None:
         attention(q, k, v, causal=True).sum().backward()
 
-    def packed() -> None:
-        attention(qp, kp, vp, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=mx,
-                  max_seqlen_k=mx).sum().backward()
-
-    def packed_on(name: str) -> Any:
+    def packed_on(name: str | None) -> Any:
         def run() -> None:
             attention(qp, kp, vp, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=mx,
                       max_seqlen_k=mx, backend=name).sum().backward()
@@ -317,15 +313,16 @@ def varlen_vs_padded(device: str, quick: bool) -> dict[str, Any]:
     from attnkit.runtime.probe import probe
     from attnkit.runtime.select import SELECTOR, explain
 
+    pr = probe()
     vc = make_call(qp, kp, vp, causal=True, dropout_p=0.0, window=None, alibi_slopes=None, attn_bias=None,
                    cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=mx, max_seqlen_k=mx)
     # every backend that can serve the packed call, timed side by side with attnkit's pick and the padded call
-    capable = [n for n, why in explain(vc, probe()).items() if not why]
+    capable = [n for n, why in explain(vc, pr).items() if not why]
     res: dict[str, Any] = {"batch": b, "max_seqlen": s, "heads": h, "head_dim": d, "padding_fraction": pad_frac}
     try:
-        res["packed_backend"] = SELECTOR.select(vc, probe()).name
-        t, errs = interleaved({"padded": padded, "packed": packed, **{f"packed:{n}": packed_on(n) for n in capable}},
-                              device)
+        res["packed_backend"] = SELECTOR.select(vc, pr).name
+        t, errs = interleaved({"padded": padded, "packed": packed_on(None),
+                               **{f"packed:{n}": packed_on(n) for n in capable}}, device)
         if "padded" in errs or "packed" in errs:
             raise RuntimeError("; ".join(f"{k}: {v}" for k, v in errs.items()))
         res["padded_ms"] = t["padded"] * 1e3

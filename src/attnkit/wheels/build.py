@@ -40,14 +40,18 @@ def cache_dir() -> Path:
     return Path(base)
 
 
-def available_memory_gib() -> float:
+def _meminfo_gib() -> dict[str, float]:
+    """/proc/meminfo's MemTotal and MemAvailable in GiB, read now ({} where there is none)."""
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / (1024 * 1024)
-    except OSError:
-        pass
-    return 8.0
+        return {ln.split(":")[0]: int(ln.split()[1]) / (1024 * 1024)
+                for ln in Path("/proc/meminfo").read_text().splitlines()
+                if ln.startswith(("MemTotal:", "MemAvailable:"))}
+    except (OSError, ValueError, IndexError):
+        return {}
+
+
+def available_memory_gib() -> float:
+    return _meminfo_gib().get("MemAvailable", 8.0)
 
 
 def cpu_count() -> int:
@@ -216,12 +220,10 @@ class _Progress:
 def memory_used_gib() -> float | None:
     """MemTotal - MemAvailable, both read now: on VMs whose memory grows as it is used (Firecracker
     balloons), a MemTotal read once at the start would understate the peak."""
-    try:
-        info = {ln.split(":")[0]: int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines()
-                if ln.startswith(("MemTotal:", "MemAvailable:"))}
-        return (info["MemTotal"] - info["MemAvailable"]) / (1024 * 1024)
-    except (OSError, KeyError, ValueError, IndexError):
+    info = _meminfo_gib()
+    if "MemTotal" not in info or "MemAvailable" not in info:
         return None
+    return info["MemTotal"] - info["MemAvailable"]
 
 
 def _watch_memory(stop: threading.Event, out: list[float]) -> None:

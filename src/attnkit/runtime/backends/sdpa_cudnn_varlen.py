@@ -5,9 +5,11 @@ Why: on the H200 (torch 2.11) cuDNN is ~1.8x FlashAttention-2, but torch's ragge
 (aten._cudnn_attention_forward/backward with cu_seqlens, also what nested-tensor SDPA uses) returned wrong
 gradients, hit an illegal memory access and ran ~20x slower than padding there
 (docs/results/2026-11-30-h200-cudnn-ragged-probe.txt). Measured at 16 x <= 4096 tokens, 44% padding,
-fwd+bwd: 0.66x the padded time, vs 0.73x for flash-attn 2's varlen and 0.77x for torch's varlen_attn. With end-padding and equal query/key lengths
-per sequence, top-left `is_causal` on the padded bucket is exact for every real row (a real query never
-reaches a padded key), so no mask is needed; non-causal calls use a key-padding mask.
+fwd+bwd: 0.66x the padded time, vs 0.73x for flash-attn 2's varlen and 0.77x for torch's varlen_attn.
+
+With end-padding and equal query/key lengths per sequence, top-left `is_causal` on the padded bucket is exact
+for every real row (a real query never reaches a padded key), so no mask is needed; non-causal calls use a
+key-padding mask.
 """
 
 from __future__ import annotations
