@@ -18,7 +18,7 @@ def test_probe_is_cached_and_immutable():
         p.python = "x"  # type: ignore[misc]
     assert p.python.count(".") == 2
     names = [lib.name for lib in p.libraries]
-    assert names == ["flash-attn", "flash-attn-3", "xformers"]
+    assert names == ["flash-attn", "flash-attn-3", "xformers", "cudnn-frontend"]
 
 
 def test_doctor_json(capsys):
@@ -42,3 +42,18 @@ def test_doctor_table(capsys):
     main(["doctor"])
     out = capsys.readouterr().out
     assert "backends" in out and "sdpa_math" in out
+
+
+def test_load_errors_are_one_line_and_keep_what_a_colon_announces():
+    """xformers' error is 'built for:' then the versions on the next lines (seen on the H200 with PyPI's
+    xformers 0.0.35 under torch 2.11+cu130, docs/results/2026-11-30-h200-doctor-pypi-xformers.txt)."""
+    from attnkit.runtime.probe import _short
+
+    xf = RuntimeError("xFormers can't load C++/CUDA extensions. xFormers was built for:\n"
+                      "    PyTorch 2.10.0+cu128 with CUDA 1208 (you have 2.11.0+cu130)\n"
+                      "    Python  3.10.19 (you have 3.12.3)\n  Please reinstall xformers")
+    assert _short(xf) == ("RuntimeError: xFormers can't load C++/CUDA extensions. xFormers was built for: "
+                          "PyTorch 2.10.0+cu128 with CUDA 1208 (you have 2.11.0+cu130) Python  3.10.19 (you have 3.12.3)")
+    assert _short(ImportError("undefined symbol: _ZN3c10\nmore")) == "ImportError: undefined symbol: _ZN3c10"
+    assert _short(OSError()) == "OSError:"
+    assert len(_short(ValueError("x" * 1000))) == 300

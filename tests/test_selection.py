@@ -13,10 +13,11 @@ from attnkit.runtime.call import AttentionCall
 from attnkit.runtime.probe import GPU, Library, Probe, TorchInfo
 
 
-def fake_probe(cc: tuple[int, int] | None, libs: tuple[str, ...] = ()) -> Probe:
+def fake_probe(cc: tuple[int, int] | None, libs: tuple[str, ...] = (), cudnn: int = 91900) -> Probe:
     gpus = () if cc is None else (GPU(0, f"Fake sm{cc[0]}{cc[1]}", cc, 80000, 100),)
-    libraries = tuple(Library(n, n, "1.0", n in libs, n in libs) for n in ("flash-attn", "flash-attn-3", "xformers"))
-    return Probe("3.12.3", "linux-x86_64", "580.0", gpus, TorchInfo("2.11.0", "13.0", 91000, True, cc is not None),
+    libraries = tuple(Library(n, n, "1.0", n in libs, n in libs)
+                      for n in ("flash-attn", "flash-attn-3", "xformers", "cudnn-frontend"))
+    return Probe("3.12.3", "linux-x86_64", "580.0", gpus, TorchInfo("2.11.0", "13.0", cudnn, True, cc is not None),
                  libraries, "nvml")
 
 
@@ -78,6 +79,43 @@ def test_features_route_to_capable_backends():
     assert sel.SELECTOR.select(call(varlen=True, alibi=True, lengths_q=(3,), lengths_k=(3,)), p2).name == "flash_attn2"
     p3 = fake_probe((8, 0), ("flash-attn",))
     assert sel.SELECTOR.select(call(window=(256, 0)), p3).name == "flash_attn2"
+
+
+def test_packed_varlen_goes_to_cudnn_ragged_when_the_frontend_is_installed():
+    """Measured on the H200: cuDNN's ragged kernel 0.47x padded, bucketed SDPA cuDNN 0.66x (docs/results)."""
+    p = fake_probe((9, 0), ("cudnn-frontend", "xformers"))
+    pick = lambda **kw: sel.SELECTOR.select(call(varlen=True, **kw), p).name  # noqa: E731
+    assert pick(lengths_q=(3, 4), lengths_k=(3, 4)) == "cudnn_ragged"
+    assert pick(lengths_q=(3, 4), lengths_k=(5, 4)) == "cudnn_ragged"  # bottom-right causal per sequence
+    assert pick(lengths_q=(3, 4), lengths_k=(3, 4), dtype="float32") != "cudnn_ragged"
+    assert pick(lengths_q=(3,), lengths_k=(3,), head_dim=256, head_dim_v=256) == "sdpa_cudnn_varlen"
+    why = sel.explain(call(varlen=True, lengths_q=(3,), lengths_k=(3,)), fake_probe((8, 0), ("cudnn-frontend",)))
+    assert why["cudnn_ragged"] == ["needs compute capability >= 9.0, GPU is sm80"]
+    old = sel.explain(call(varlen=True, lengths_q=(3,), lengths_k=(3,)), fake_probe((9, 0), ("cudnn-frontend",), 90100))
+    assert old["cudnn_ragged"] == ["needs cuDNN >= 90500 for ragged attention (torch has 90100)"]
+    assert sel.explain(call(varlen=True, lengths_q=(3,), lengths_k=(3,)), fake_probe((9, 0)))["cudnn_ragged"] == [
+        "cudnn-frontend is not installed"]
+
+
+def test_cudnn_ragged_graph_keys_and_keyless_rows():
+    from attnkit.runtime.backends.cudnn_ragged import keyless_rows, round_seqlen
+
+    assert [round_seqlen(n) for n in (1, 64, 65, 3000, 4096, 4097)] == [64, 64, 128, 4096, 4096, 8192]
+    # packed rows [0..20) [20..25) [25..55) [55..62): no keys in sequence 1; sequence 0 has 12 more queries
+    # than keys, sequence 3 none (bottom-right causal)
+    assert keyless_rows((20, 5, 30, 7), (8, 0, 30, 12), causal=True) == [*range(0, 12), *range(20, 25)]
+    assert keyless_rows((20, 5, 30, 7), (8, 0, 30, 12), causal=False) == list(range(20, 25))
+    assert keyless_rows((3, 4), (3, 4), causal=True) == []
+
+
+def test_xformers_varlen_causal_needs_keys_for_every_query():
+    """xformers' block-diagonal bottom-right mask raises when a sequence has more queries than keys."""
+    p = fake_probe((7, 0), ("xformers",))
+    more_q = sel.explain(call(varlen=True, lengths_q=(20, 5), lengths_k=(8, 30)), p, ["xformers"])["xformers"]
+    assert more_q == ["varlen causal only when every sequence has at least as many keys as queries"]
+    assert sel.explain(call(varlen=True, lengths_q=(8, 5), lengths_k=(20, 30)), p, ["xformers"])["xformers"] == []
+    assert sel.explain(call(varlen=True, causal=False, lengths_q=(20,), lengths_k=(8,)), p, ["xformers"]) == {
+        "xformers": []}
 
 
 def test_cpu_selection():

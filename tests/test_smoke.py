@@ -29,6 +29,7 @@ CASES = {
     "varlen": dict(sq=0, sk=0, h=4, hkv=2, causal=True, varlen=True),
     "varlen_self": dict(sq=0, sk=0, h=4, hkv=2, causal=True, varlen=True, same=True),
     "varlen_self_noncausal": dict(sq=0, sk=0, h=4, hkv=4, varlen=True, same=True),
+    "varlen_keyless": dict(sq=0, sk=0, h=4, hkv=2, causal=True, varlen=True, keyless=True),
     "window": dict(sq=80, sk=80, h=4, hkv=4, causal=True, window=(16, 0)),
     "alibi": dict(sq=64, sk=64, h=4, hkv=4, causal=True, alibi=True),
 }
@@ -45,6 +46,8 @@ def inputs(case: dict, dtype: str, d: int = 64):
     kw: dict = {"causal": case.get("causal", False)}
     if case.get("varlen"):
         lq, lk = ([33, 1, 70, 0, 17], [33, 1, 70, 0, 17]) if case.get("same") else ([33, 1, 70, 17], [33, 9, 70, 40])
+        if case.get("keyless"):  # rows that see no key: a sequence without keys, more queries than keys
+            lq, lk = [20, 5, 30, 7], [8, 0, 30, 12]
         kw["cu_seqlens_q"] = torch.tensor([0, *torch.tensor(lq).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
         kw["cu_seqlens_k"] = torch.tensor([0, *torch.tensor(lk).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
         kw["max_seqlen_q"], kw["max_seqlen_k"] = max(lq), max(lk)

@@ -79,13 +79,15 @@ def test_jobs_from_cores_and_memory(cores, mem, threads, per_job, expected, limi
 
 
 def make_wheel(path: Path, name: str = "demo_pkg", version: str = "1.0", tag: str = "cp311-cp311-linux_x86_64",
-               requires: tuple[str, ...] = ("torch", "numpy"), requires_python: str = ">=3.10") -> Path:
+               requires: tuple[str, ...] = ("torch", "numpy"), requires_python: str = ">=3.10",
+               extra: dict[str, bytes] | None = None) -> Path:
     """A minimal, valid wheel (pure module + dist-info), written by hand like a build backend would."""
     info = f"{name}-{version}.dist-info"
     meta = "Metadata-Version: 2.1\nName: {}\nVersion: {}\nRequires-Python: {}\n{}\n".format(
         name.replace("_", "-"), version, requires_python, "".join(f"Requires-Dist: {r}\n" for r in requires))
     files = {f"{name}/__init__.py": b"VALUE = 42\n", f"{info}/METADATA": meta.encode(),
-             f"{info}/WHEEL": f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: {tag}\n".encode()}
+             f"{info}/WHEEL": f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: {tag}\n".encode(),
+             **(extra or {})}
     record = []
     for n, data in files.items():
         d = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
@@ -121,6 +123,19 @@ def test_retag_sets_local_version_and_torch_pin(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target",
                         str(tmp_path / "t"), str(out)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_import_check_loads_torch_operator_libraries(tmp_path):
+    """xformers' _C.so has no PyInit: verify loads it with torch.ops.load_library, so a library that cannot
+    load (here: not an ELF file) fails the check, while importing the package alone would pass."""
+    pytest.importorskip("torch")
+    whl = make_wheel(tmp_path, extra={"demo_pkg/_C.so": b"not a shared object"})
+    args = (whl, sys.executable, ["demo_pkg"], "demo-pkg")
+    assert verify.check_import(*args, tmp_path / "a") == []
+    problems = verify.check_import(*args, tmp_path / "b", libraries=("demo_pkg._C",))
+    assert len(problems) == 1 and problems[0].startswith("import failed:") and "_C.so" in problems[0], problems
+    missing = verify.check_import(*args, tmp_path / "c", libraries=("demo_pkg._missing",))
+    assert len(missing) == 1 and "demo_pkg._missing: not in the wheel" in missing[0], missing
 
 
 def test_retag_refuses_other_tags_or_versions(tmp_path):

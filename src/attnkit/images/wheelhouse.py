@@ -28,6 +28,10 @@ from attnkit.wheels.pyenv import torch_requirement
 PIP_VERSION = "26.3"
 NOX_VERSION = "2026.10.20"
 PYTEST_VERSION = "9.2.0"
+# cuDNN's Python graphs, for the cudnn_ragged varlen backend (CUDA cells only). Taken without its declared
+# dependencies (nvidia-cutlass-dsl[cu13], apache-tvm-ffi: only its optional CuTe-DSL kernels use them; the
+# cuDNN graphs load libcudnn from torch's own nvidia-cudnn wheel), as checked on the H200 (docs/results).
+CUDNN_FRONTEND_VERSION = "1.32.0"
 DEVEL_TOOLS = ("setuptools", "wheel", "ninja", "packaging", "psutil")
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -86,6 +90,9 @@ def build_wheelhouse(cell: Cell, out: Path, wheels: Path | None = None, index: s
         reqs += [f"{p.name}=={p.version}" for p in cell.packages]  # their dependencies (einops, ...)
         _pip(["download", "-q", "--dest", str(stage), "--extra-index-url", index, "--find-links", str(stage),
               *_platform_args(cell), *reqs], f"downloading the closure of {', '.join(reqs[:3])}, ...")
+        if cell.cuda is not None:
+            _pip(["download", "-q", "--no-deps", "--dest", str(stage), *_platform_args(cell),
+                  f"nvidia-cudnn-frontend=={CUDNN_FRONTEND_VERSION}"], "downloading nvidia-cudnn-frontend")
         # pip, run from its wheel by the Dockerfile: kept apart so it is not installed
         (stage / "pip").mkdir()
         _pip(["download", "-q", "--no-deps", "--dest", str(stage / "pip"), *_platform_args(cell),

@@ -151,8 +151,12 @@ def _dist_version(*names: str) -> str | None:
 
 
 def _short(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__
+    """One line; a first line that ends in ':' is joined with the next two (xformers: "built for:" + what)."""
+    lines = [ln.strip() for ln in f"{type(exc).__name__}: {exc}".splitlines() if ln.strip()]
+    if not lines:
+        return type(exc).__name__
+    keep = lines[:3] if lines[0].endswith(":") else lines[:1]
+    return " ".join(keep)[:300]
 
 
 def _probe_import(name: str, dists: tuple[str, ...], module: str, extension: str) -> Library:
@@ -192,13 +196,15 @@ def _libraries(with_torch: bool) -> tuple[Library, ...]:
             Library(n, m, _dist_version(*d), importlib.util.find_spec(m) is not None, False, "torch is not installed")
             for n, m, d in (("flash-attn", "flash_attn", ("flash-attn", "flash_attn")),
                             ("flash-attn-3", "flash_attn_interface", ("flash-attn-3", "flash_attn_3")),
-                            ("xformers", "xformers", ("xformers",)))
+                            ("xformers", "xformers", ("xformers",)),
+                            ("cudnn-frontend", "cudnn", ("nvidia-cudnn-frontend",)))
         )
     fa3_module = "flash_attn_interface" if importlib.util.find_spec("flash_attn_interface") else "flash_attn_3"
     return (
         _probe_import("flash-attn", ("flash-attn", "flash_attn"), "flash_attn", "flash_attn_2_cuda"),
         _probe_import("flash-attn-3", ("flash-attn-3", "flash_attn_3"), fa3_module, fa3_module),
         _probe_xformers(),
+        _probe_import("cudnn-frontend", ("nvidia-cudnn-frontend",), "cudnn", "cudnn"),
     )
 
 

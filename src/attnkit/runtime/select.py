@@ -23,8 +23,8 @@ from attnkit.runtime.probe import Probe
 
 # (minimum compute capability, priority list); the first row whose minimum the GPU meets applies.
 PRIORITY: tuple[tuple[tuple[int, int], tuple[str, ...]], ...] = (
-    ((10, 0), ("sdpa_cudnn", "sdpa_cudnn_varlen", "flash_attn2", "sdpa_flash", "torch_varlen", "xformers", "sdpa_efficient", "sdpa_math")),
-    ((9, 0), ("sdpa_cudnn", "sdpa_cudnn_varlen", "flash_attn3", "flash_attn2", "sdpa_flash", "torch_varlen", "xformers",
+    ((10, 0), ("sdpa_cudnn", "cudnn_ragged", "sdpa_cudnn_varlen", "flash_attn2", "sdpa_flash", "torch_varlen", "xformers", "sdpa_efficient", "sdpa_math")),
+    ((9, 0), ("sdpa_cudnn", "cudnn_ragged", "sdpa_cudnn_varlen", "flash_attn3", "flash_attn2", "sdpa_flash", "torch_varlen", "xformers",
               "sdpa_efficient", "sdpa_math")),
     ((8, 0), ("flash_attn2", "sdpa_flash", "torch_varlen", "sdpa_cudnn", "xformers", "sdpa_efficient", "sdpa_math")),
     ((0, 0), ("xformers", "sdpa_efficient", "sdpa_math")),

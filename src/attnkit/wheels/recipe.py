@@ -52,6 +52,9 @@ class Recipe(_Strict):
     name: str
     source: Literal["matrix"] | LocalSource
     extension_modules: list[str] = Field(min_length=1)
+    # how the extension loads: a Python extension module (import), or a torch operator library without a
+    # PyInit (xformers >= 0.0.34 loads its _C.so with torch.ops.load_library)
+    extension_loader: Literal["import", "torch.ops.load_library"] = "import"
     import_modules: list[str] = Field(default_factory=list)
     build: BuildKnobs
 

@@ -128,20 +128,27 @@ def check_auditwheel(wheel: Path, python: str, workdir: Path) -> tuple[list[str]
     return [], info
 
 
-def check_import(wheel: Path, python: str, modules: list[str], dist: str, workdir: Path) -> list[str]:
+def check_import(wheel: Path, python: str, modules: list[str], dist: str, workdir: Path,
+                 libraries: tuple[str, ...] = ()) -> list[str]:
     """Install the wheel alone into an empty folder put first on the path of the cell's interpreter (which
-    has the cell's torch), then import its modules from there; a wheel built against another torch or CUDA
-    fails here with "undefined symbol". A venv cannot do this portably: a venv made from a venv does not see
-    the outer venv's torch."""
+    has the cell's torch), then import its modules from there and load its torch operator `libraries` (module
+    names of .so files without a PyInit); a wheel built against another torch or CUDA fails here with
+    "undefined symbol". A venv cannot do this portably: a venv made from a venv does not see the outer venv's
+    torch."""
     site = workdir / "site"
     inst = subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--target",
                            str(site), str(wheel)], capture_output=True, text=True, check=False)
     if inst.returncode != 0:
         return [f"pip could not install it: {(inst.stderr.strip().splitlines() or ['?'])[-1]}"]
-    code = ("import importlib, importlib.metadata as md, os, sys, torch\n"
+    code = ("import importlib, importlib.metadata as md, importlib.util, os, sys, torch\n"
+            "here = lambda f: os.path.realpath(f).startswith(os.path.realpath(sys.argv[1]))\n"
             f"for m in {modules!r}:\n"
             "    mod = importlib.import_module(m)\n"
-            "    assert os.path.realpath(mod.__file__).startswith(os.path.realpath(sys.argv[1])), mod.__file__\n"
+            "    assert here(mod.__file__), mod.__file__\n"
+            f"for m in {list(libraries)!r}:\n"
+            "    spec = importlib.util.find_spec(m)\n"
+            "    assert spec is not None and spec.origin and here(spec.origin), f'{m}: not in the wheel'\n"
+            "    torch.ops.load_library(spec.origin)\n"
             f"print(md.version({dist!r}))")
     env = dict(os.environ, PYTHONPATH=str(site), PYTHONNOUSERSITE="1")
     r = subprocess.run([python, "-c", code, str(site)], capture_output=True, text=True, check=False, cwd=workdir,
@@ -196,8 +203,11 @@ def verify_wheel(wheel: Path, spec: BuildSpec, python: str = sys.executable) -> 
         rep.checks["auditwheel"] = info
         rep.problems += problems
         # 5. import
-        modules = [*spec.recipe.import_modules, *spec.recipe.extension_modules]
-        problems = check_import(wheel, python, modules, spec.package, tmp)
+        r = spec.recipe
+        by_import = r.extension_loader == "import"
+        modules = [*r.import_modules, *(r.extension_modules if by_import else [])]
+        problems = check_import(wheel, python, modules, spec.package, tmp,
+                                () if by_import else tuple(r.extension_modules))
         rep.checks["import"] = "ok" if not problems else problems[0]
         rep.problems += problems
     return rep

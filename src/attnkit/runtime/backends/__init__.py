@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from attnkit.runtime.backends.base import Backend, Limits, Params, reasons
+from attnkit.runtime.backends.cudnn_ragged import CudnnRagged
 from attnkit.runtime.backends.flash_attn2 import FlashAttn2
 from attnkit.runtime.backends.flash_attn3 import FlashAttn3
 from attnkit.runtime.backends.sdpa_cpu import SdpaCpu
@@ -16,7 +17,7 @@ from attnkit.runtime.backends.xformers import Xformers
 
 REGISTRY: dict[str, Backend] = {
     b.name: b
-    for b in (SdpaCudnn(), SdpaCudnnVarlen(), FlashAttn3(), FlashAttn2(), SdpaFlash(), TorchVarlen(), Xformers(), SdpaEfficient(),
+    for b in (SdpaCudnn(), CudnnRagged(), SdpaCudnnVarlen(), FlashAttn3(), FlashAttn2(), SdpaFlash(), TorchVarlen(), Xformers(), SdpaEfficient(),
               SdpaCpu(), SdpaMath())
 }
 

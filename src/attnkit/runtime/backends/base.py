@@ -27,6 +27,7 @@ class Limits:
     padded: bool = True  # serves (batch, seqlen, ...) calls
     varlen: Literal["native", "padded", "no"] = "no"  # padded = unpack, mask, repack
     varlen_same_lengths_only: bool = False  # varlen only when cu_seqlens_q == cu_seqlens_k
+    varlen_causal_more_queries: bool = True  # varlen causal where a sequence has more queries than keys
     causal: bool = True
     causal_unequal: bool = True  # bottom-right causal when seqlen_q != seqlen_k
     window: bool = False
@@ -60,6 +61,9 @@ def reasons(limits: Limits, call: AttentionCall, capability: tuple[int, int] | N
         out.append("no varlen (cu_seqlens) support")
     if call.varlen and limits.varlen_same_lengths_only and not call.varlen_same:
         out.append("varlen only with cu_seqlens_q == cu_seqlens_k (self-attention)")
+    if (call.varlen and call.causal and not limits.varlen_causal_more_queries
+            and any(lq > lk for lq, lk in zip(call.lengths_q or (), call.lengths_k or (), strict=True))):
+        out.append("varlen causal only when every sequence has at least as many keys as queries")
     if not call.varlen and not limits.padded:
         out.append("serves only varlen (cu_seqlens) calls")
     if call.causal and not limits.causal:

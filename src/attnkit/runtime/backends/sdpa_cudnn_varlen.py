@@ -6,6 +6,8 @@ Why: on the H200 (torch 2.11) cuDNN is ~1.8x FlashAttention-2, but torch's ragge
 gradients, hit an illegal memory access and ran ~20x slower than padding there
 (docs/results/2026-11-30-h200-cudnn-ragged-probe.txt). Measured at 16 x <= 4096 tokens, 44% padding,
 fwd+bwd: 0.66x the padded time, vs 0.73x for flash-attn 2's varlen and 0.77x for torch's varlen_attn.
+cudnn_ragged (0.47x there) comes first when nvidia-cudnn-frontend is installed; this one serves without it
+and for head_dim > 128.
 
 With end-padding and equal query/key lengths per sequence, top-left `is_causal` on the padded bucket is exact
 for every real row (a real query never reaches a padded key), so no mask is needed; non-causal calls use a

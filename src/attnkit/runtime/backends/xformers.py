@@ -1,7 +1,10 @@
 """xformers `memory_efficient_attention`: the fast path on V100 (sm70) where FlashAttention cannot run.
 
-Bottom-right causal, windows and varlen map to xformers' attention-bias classes; GQA uses its 5-D
-(B, M, G, H, K) form with stride-0 expanded k/v (no copy)."""
+Bottom-right causal, windows and varlen map to xformers' attention-bias classes. GQA uses its 5-D
+(B, M, G, H, K) form with stride-0 expanded k/v (no copy) for inference; with a backward, k/v are repeated
+to q's heads, because xformers 0.0.35's backward operators reject the 5-D form (seen on the H200:
+"operator does not support BMGHK format"). Its block-diagonal causal mask needs keys >= queries in every
+sequence ("Expected `num_keys >= num_queries`")."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ class Xformers(Backend):
         head_dim_v_differs=True,
         gqa="native",
         varlen="native",
+        varlen_causal_more_queries=False,
         bias=True,
         alibi=True,
         dropout=True,
@@ -31,17 +35,21 @@ class Xformers(Backend):
         from xformers.ops import fmha
 
         bias: Any = None
+        empty: Any = None
         if call.varlen:
-            ql = layout.lengths_from_cu(p.cu_seqlens_q).tolist()
-            kl = layout.lengths_from_cu(p.cu_seqlens_k).tolist()
-            bd = fmha.attn_bias.BlockDiagonalMask.from_seqlens(ql, kl)
+            assert call.lengths_q is not None and call.lengths_k is not None
+            bd = fmha.attn_bias.BlockDiagonalMask.from_seqlens(list(call.lengths_q), list(call.lengths_k))
             bias = bd.make_causal_from_bottomright() if call.causal else bd
             q, k, v = q[None], k[None], v[None]
-        elif call.alibi or call.bias:
+        elif call.alibi or call.bias or (call.causal and call.seqlen_q > call.seqlen_k):
+            # a dense bias; causal with more queries than keys comes here too: the first sq - sk rows see no
+            # key, and xformers' fp32 kernel left garbage there (max error 3.1 on the H200); one opened key
+            # keeps them finite and they are zeroed after the kernel
             sq, sk = call.seqlen_q, call.seqlen_k
             ok = layout.allowed_mask(sq, sk, causal=call.causal, window=None, device=q.device)
-            ok, _ = layout.safe_rows(ok)
-            dense = q.new_zeros((call.batch, call.heads, sq, sk))
+            ok, empty = layout.safe_rows(ok)
+            # xformers wants the bias rows 8-element aligned: allocate padded, use a view
+            dense = q.new_zeros((call.batch, call.heads, sq, -(-sk // 8) * 8))[..., :sk]
             if call.alibi:
                 dense = dense + layout.alibi_bias(p.alibi_slopes, sq, sk).to(q.dtype)
             if call.bias:
@@ -49,12 +57,17 @@ class Xformers(Backend):
             bias = dense.masked_fill(~ok, float("-inf"))
         elif call.causal:
             bias = fmha.attn_bias.LowerTriangularFromBottomRightMask()
-        if call.gqa:
+        expand = call.gqa and (call.requires_grad or empty is not None)  # 5-D form: no backward, no dense bias
+        if expand:
+            k, v = layout.expand_kv(k, call.heads), layout.expand_kv(v, call.heads)
+        elif call.gqa:
             g, hq = call.kv_heads, call.heads // call.kv_heads
             q = q.reshape(*q.shape[:-2], g, hq, q.shape[-1])
             k = k.unsqueeze(-2).expand(*k.shape[:-1], hq, k.shape[-1])
             v = v.unsqueeze(-2).expand(*v.shape[:-1], hq, v.shape[-1])
         out = fmha.memory_efficient_attention(q, k, v, attn_bias=bias, p=p.dropout_p, scale=p.scale)
-        if call.gqa:
+        if call.gqa and not expand:
             out = out.reshape(*out.shape[:-3], call.heads, out.shape[-1])
+        if empty is not None and bool(empty.any()):
+            out = out.masked_fill(empty.transpose(1, 2), 0.0)  # (1, sq, 1, 1) over (B, sq, H, D)
         return out[0] if call.varlen else out
