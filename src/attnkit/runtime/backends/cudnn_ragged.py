@@ -51,12 +51,12 @@ def _handle(device_index: int) -> Any:
 class _Shape:
     """Everything a graph is specialised on."""
 
-    def __init__(self, q: Any, k: Any, v: Any, call: AttentionCall, scale: float, train: bool) -> None:
+    def __init__(self, q: Any, call: AttentionCall, scale: float) -> None:
         self.b = call.batch
         self.h, self.hk = call.heads, call.kv_heads
         self.d, self.dv = call.head_dim, call.head_dim_v
         self.sq, self.sk = round_seqlen(call.seqlen_q), round_seqlen(call.seqlen_k)
-        self.causal, self.scale, self.train = call.causal, scale, train
+        self.causal, self.scale, self.train = call.causal, scale, call.requires_grad
         # Self-attention varlen: top-left == bottom-right per sequence, and cuDNN's top-left backward measured
         # 1.8x faster than its bottom-right one on the H200 (2.5 vs 4.4 ms, docs/results/*-cudnn-ragged-explore.json)
         self.bottom_right = call.causal and not call.varlen_same
@@ -124,7 +124,10 @@ def _graph(s: _Shape, which: str) -> tuple[Any, dict[str, Any], int]:
             t.set_output(True).set_dim(io[like].get_dim()).set_stride(io[like].get_stride()).set_ragged_offset(
                 io["off_" + like])
             io[name] = t
-    g.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    try:
+        g.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    except Exception as exc:  # a RuntimeError, so attention() falls back to the next backend and remembers it
+        raise RuntimeError(f"cudnn_ragged: cuDNN has no plan for this {which} graph: {exc}") from exc
     entry = (g, io, int(g.get_workspace_size()))
     with _LOCK:
         _GRAPHS[key] = entry
@@ -204,8 +207,7 @@ class CudnnRagged(Backend):
     def run(self, q: Any, k: Any, v: Any, call: AttentionCall, p: Params) -> Any:
         import torch
 
-        train = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-        s = _Shape(q, k, v, call, p.scale, train)
+        s = _Shape(q, call, p.scale)
         out = _function().apply(q, k, v, _meta(p.cu_seqlens_q, p.cu_seqlens_k, s), s)
         rows = keyless_rows(call.lengths_q or (), call.lengths_k or (), call.causal)
         if rows:
