@@ -149,6 +149,10 @@ def ci_plan(session: nox.Session) -> None:
 def smoke(session: nox.Session) -> None:
     """Check THIS environment: doctor, then every available backend's numerics; writes a JSON report."""
     env = _current_env(session)
+    if importlib.util.find_spec("pytest") is None:  # the checks' runner, pinned as for the tests
+        session.log("pytest is not installed here: installing it with pip")
+        session.run(sys.executable, "-m", "pip", "install", "-q", *[d for d in TEST_DEPS if d.startswith("pytest==")],
+                    external=True)
     session.run(sys.executable, "-m", "attnkit.cli", "doctor", env=env)
     report = session.posargs[0] if session.posargs else _report_path("smoke")
     session.run(sys.executable, "-m", "pytest", "-m", "smoke", "-q", "-rs", "-p", "no:cacheprovider",
