@@ -190,22 +190,28 @@ def _probe_xformers() -> Library:
     return Library("xformers", "xformers", version, installed=True, loads=True)
 
 
+# name, candidate modules (the first one installed is probed), distribution names, the extension that must load
+# (None: the module itself). One row per library; xformers' own loader is asked instead (_probe_xformers).
+LIBRARIES: tuple[tuple[str, tuple[str, ...], tuple[str, ...], str | None], ...] = (
+    ("flash-attn", ("flash_attn",), ("flash-attn", "flash_attn"), "flash_attn_2_cuda"),
+    ("flash-attn-3", ("flash_attn_interface", "flash_attn_3"), ("flash-attn-3", "flash_attn_3"), None),
+    ("xformers", ("xformers",), ("xformers",), None),
+    ("cudnn-frontend", ("cudnn",), ("nvidia-cudnn-frontend",), None),
+)
+
+
 def _libraries(with_torch: bool) -> tuple[Library, ...]:
-    if not with_torch:
-        return tuple(
-            Library(n, m, _dist_version(*d), importlib.util.find_spec(m) is not None, False, "torch is not installed")
-            for n, m, d in (("flash-attn", "flash_attn", ("flash-attn", "flash_attn")),
-                            ("flash-attn-3", "flash_attn_interface", ("flash-attn-3", "flash_attn_3")),
-                            ("xformers", "xformers", ("xformers",)),
-                            ("cudnn-frontend", "cudnn", ("nvidia-cudnn-frontend",)))
-        )
-    fa3_module = "flash_attn_interface" if importlib.util.find_spec("flash_attn_interface") else "flash_attn_3"
-    return (
-        _probe_import("flash-attn", ("flash-attn", "flash_attn"), "flash_attn", "flash_attn_2_cuda"),
-        _probe_import("flash-attn-3", ("flash-attn-3", "flash_attn_3"), fa3_module, fa3_module),
-        _probe_xformers(),
-        _probe_import("cudnn-frontend", ("nvidia-cudnn-frontend",), "cudnn", "cudnn"),
-    )
+    out = []
+    for name, modules, dists, extension in LIBRARIES:
+        module = next((m for m in modules if importlib.util.find_spec(m)), modules[0])
+        if not with_torch:
+            out.append(Library(name, module, _dist_version(*dists), importlib.util.find_spec(module) is not None,
+                               False, "torch is not installed"))
+        elif name == "xformers":
+            out.append(_probe_xformers())
+        else:
+            out.append(_probe_import(name, dists, module, extension or module))
+    return tuple(out)
 
 
 @functools.lru_cache(maxsize=1)

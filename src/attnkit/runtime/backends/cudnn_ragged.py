@@ -51,7 +51,7 @@ def _handle(device_index: int) -> Any:
 class _Shape:
     """Everything a graph is specialised on."""
 
-    def __init__(self, q: Any, call: AttentionCall, scale: float) -> None:
+    def __init__(self, call: AttentionCall, scale: float) -> None:
         self.b = call.batch
         self.h, self.hk = call.heads, call.kv_heads
         self.d, self.dv = call.head_dim, call.head_dim_v
@@ -60,12 +60,12 @@ class _Shape:
         # Self-attention varlen: top-left == bottom-right per sequence, and cuDNN's top-left backward measured
         # 1.8x faster than its bottom-right one on the H200 (2.5 vs 4.4 ms, docs/results/*-cudnn-ragged-explore.json)
         self.bottom_right = call.causal and not call.varlen_same
-        self.dtype = q.dtype
-        self.device = q.device.index
+        self.dtype = call.dtype  # "float16" | "bfloat16"
+        self.device = call.device_index
         self.deterministic = call.deterministic
 
     def key(self, which: str) -> tuple[Any, ...]:
-        return (which, self.device, str(self.dtype), self.b, self.h, self.hk, self.d, self.dv, self.sq, self.sk,
+        return (which, self.device, self.dtype, self.b, self.h, self.hk, self.d, self.dv, self.sq, self.sk,
                 self.causal, self.bottom_right, self.scale, self.train, self.deterministic)
 
 
@@ -98,7 +98,7 @@ def _graph(s: _Shape, which: str) -> tuple[Any, dict[str, Any], int]:
             _GRAPHS.move_to_end(key)
             return hit
     cudnn = _cudnn()
-    dt = {"torch.float16": cudnn.data_type.HALF, "torch.bfloat16": cudnn.data_type.BFLOAT16}[str(s.dtype)]
+    dt = {"float16": cudnn.data_type.HALF, "bfloat16": cudnn.data_type.BFLOAT16}[s.dtype]
     g = cudnn.pygraph(io_data_type=dt, intermediate_data_type=cudnn.data_type.FLOAT,
                       compute_data_type=cudnn.data_type.FLOAT, handle=_handle(s.device))
     io, mask = _common(g, s)
@@ -148,8 +148,10 @@ def _execute(s: _Shape, which: str, data: dict[str, Any]) -> None:
 
 def _meta(cu_q: Any, cu_k: Any, s: _Shape) -> dict[str, Any]:
     """Offsets in elements (cuDNN's ragged unit) and per-sequence lengths, all int32 on the device."""
-    return {"off_q": cu_q * (s.h * s.d), "off_k": cu_k * (s.hk * s.d), "off_v": cu_k * (s.hk * s.dv),
-            "off_o": cu_q * (s.h * s.dv), "len_q": (cu_q[1:] - cu_q[:-1]).view(-1, 1, 1, 1),
+    off_q, off_k = cu_q * (s.h * s.d), cu_k * (s.hk * s.d)
+    same_dv = s.dv == s.d  # then v and o share k's and q's offsets
+    return {"off_q": off_q, "off_k": off_k, "off_v": off_k if same_dv else cu_k * (s.hk * s.dv),
+            "off_o": off_q if same_dv else cu_q * (s.h * s.dv), "len_q": (cu_q[1:] - cu_q[:-1]).view(-1, 1, 1, 1),
             "len_k": (cu_k[1:] - cu_k[:-1]).view(-1, 1, 1, 1)}
 
 
@@ -207,8 +209,10 @@ class CudnnRagged(Backend):
     def run(self, q: Any, k: Any, v: Any, call: AttentionCall, p: Params) -> Any:
         import torch
 
-        s = _Shape(q, call, p.scale)
+        s = _Shape(call, p.scale)
         out = _function().apply(q, k, v, _meta(p.cu_seqlens_q, p.cu_seqlens_k, s), s)
+        if call.varlen_same:  # every row sees its own key: nothing to zero, no per-call walk over the lengths
+            return out
         rows = keyless_rows(call.lengths_q or (), call.lengths_k or (), call.causal)
         if rows:
             out = out.index_fill(0, torch.tensor(rows, device=out.device), 0.0)

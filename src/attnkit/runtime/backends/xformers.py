@@ -68,6 +68,6 @@ class Xformers(Backend):
         out = fmha.memory_efficient_attention(q, k, v, attn_bias=bias, p=p.dropout_p, scale=p.scale)
         if call.gqa and not expand:
             out = out.reshape(*out.shape[:-3], call.heads, out.shape[-1])
-        if empty is not None and bool(empty.any()):
+        if empty is not None:  # all-False unless some row sees no key: no host sync to find out
             out = out.masked_fill(empty.transpose(1, 2), 0.0)  # (1, sq, 1, 1) over (B, sq, H, D)
         return out[0] if call.varlen else out
