@@ -52,7 +52,7 @@ def _report_path(kind: str) -> str:
 def tests(session: nox.Session) -> None:
     """Unit tests and CPU numerics, in a fresh venv with the CPU cell's torch."""
     session.install("-e", ".[test]", TORCH_CPU, *TEST_DEPS)
-    session.run("pytest", "-m", "not smoke and not e2e", "-q", *session.posargs)
+    session.run("pytest", "-m", "not e2e", "-q", *session.posargs)
 
 
 TORCH_CUDA = "torch==2.14.1"  # the CUDA 13.0 build: cell torch2.14-cu130-py311 of matrix.yaml
@@ -147,16 +147,12 @@ def ci_plan(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def smoke(session: nox.Session) -> None:
-    """Check THIS environment: doctor, then every available backend's numerics; writes a JSON report."""
+    """Check THIS environment: doctor, then every available backend's numerics (`attnkit smoke`, forward and
+    backward against float64); writes a JSON report. `-- PATH [attnkit smoke options]`."""
     env = _current_env(session)
-    if importlib.util.find_spec("pytest") is None:  # the checks' runner, pinned as for the tests
-        session.log("pytest is not installed here: installing it with pip")
-        session.run(sys.executable, "-m", "pip", "install", "-q", *[d for d in TEST_DEPS if d.startswith("pytest==")],
-                    external=True)
     session.run(sys.executable, "-m", "attnkit.cli", "doctor", env=env)
     report = session.posargs[0] if session.posargs else _report_path("smoke")
-    session.run(sys.executable, "-m", "pytest", "-m", "smoke", "-q", "-rs", "-p", "no:cacheprovider",
-                str(ROOT / "tests" / "test_smoke.py"), "--smoke-report", report, env=env)
+    session.run(sys.executable, "-m", "attnkit.cli", "smoke", "--report", report, *session.posargs[1:], env=env)
     session.log(f"smoke report: {report}")
 
 

@@ -37,14 +37,17 @@ CASES = {
     "scale": dict(softmax_scale=0.3),
     "window_causal": dict(causal=True, window=(3, 0)),
     "window_both": dict(window=(2, 1)),
+    "window_left_only": dict(window=(2, -1)),
     "alibi": dict(causal=True, alibi_slopes="heads"),
     "alibi_batch": dict(alibi_slopes="batch_heads"),
     "bias": dict(attn_bias="full"),
+    "softcap": dict(causal=True, softcap=1.5),
 }
 
 
-@pytest.mark.parametrize("backend", [None, "sdpa_math"])
-@pytest.mark.parametrize("case", list(CASES))
+# sdpa (torch's own pick) has no softcap argument: sdpa_math writes that math out
+@pytest.mark.parametrize(("case", "backend"), [(c, b) for c in CASES for b in (None, "sdpa", "sdpa_math")
+                                               if not (c == "softcap" and b == "sdpa")])
 @pytest.mark.parametrize(("sq", "sk", "hkv"), [(9, 9, 4), (5, 11, 2), (11, 5, 1)])
 def test_matches_reference(case, sq, sk, hkv, backend):
     torch.manual_seed(0)
@@ -133,6 +136,8 @@ BAD = [
     (lambda q, k, v: dict(attn_bias=torch.randn(1, 4, 7, 7)), "attn_bias: shape (1, 4, 7, 7) does not broadcast"),
     (lambda q, k, v: dict(backend="nope"), "backend: unknown backend 'nope'"),
     (lambda q, k, v: dict(softmax_scale=-1.0), "softmax_scale: expected a positive number"),
+    (lambda q, k, v: dict(softcap=-1.0), "softcap: expected a number >= 0"),
+    (lambda q, k, v: dict(window=(3, -2)), "window: expected (left, right) ints >= -1"),
     (lambda q, k, v: dict(q=q.reshape(-1, 4, 16), k=k.reshape(-1, 2, 16), v=v.reshape(-1, 2, 16),
                           cu_seqlens_q=torch.tensor([0, 5, 6]), cu_seqlens_k=torch.tensor([0, 5, 10], dtype=torch.int32),
                           max_seqlen_q=5, max_seqlen_k=5), "cu_seqlens_q: expected a 1-D int32 tensor"),
@@ -173,6 +178,103 @@ def test_fast_path_reuses_decision():
     assert len(_FAST) == 1
 
 
+def test_cached_call_is_the_plain_sdpa_call_with_no_context_manager(monkeypatch):
+    """No sdpa_kernel context and no flag flips on the hot path: torch's own pick on CPU is its flash kernel,
+    so sdpa_cpu calls F.scaled_dot_product_attention exactly as a user would."""
+    import torch.nn.attention as tna
+    import torch.nn.functional as F
+
+    from attnkit.runtime.attention import _FAST
+
+    _FAST.clear()
+    seen: list[dict] = []
+    real = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
+    monkeypatch.setattr(tna, "sdpa_kernel", lambda *a, **kw: pytest.fail("context manager on the hot path"))
+    q = torch.randn(2, 16, 4, 32)
+    k = torch.randn(2, 16, 2, 32)
+    for _ in range(3):
+        out = attnkit.attention(q, k, k, causal=True)
+    assert seen == [{"enable_gqa": True, "is_causal": True}] * 3
+    assert next(iter(_FAST.values()))[1].name == "sdpa_cpu"
+    torch.testing.assert_close(out.double(), reference_attention(q, k, k, causal=True), atol=1e-5, rtol=1e-5)
+
+
+def test_forced_kernel_pays_the_context_only_when_torch_would_pick_another(monkeypatch):
+    """sdpa_math is never torch's own pick for a fused-able call: it is forced through sdpa_kernel; sdpa_cpu
+    (torch's pick on CPU) is not."""
+    import torch.nn.attention as tna
+
+    from attnkit.runtime.backends import REGISTRY
+    from attnkit.runtime.call import Inputs
+
+    entered: list = []
+    real = tna.sdpa_kernel
+
+    def spy(*a, **kw):
+        entered.append(a[0])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(tna, "sdpa_kernel", spy)
+    q = torch.randn(1, 8, 2, 16)
+    call, params = Inputs(q, q, q, causal=True).prepare()
+    REGISTRY["sdpa_cpu"].bind(call, params, q, q, q)(q, q, q)
+    assert entered == []
+    REGISTRY["sdpa_math"].bind(call, params, q, q, q)(q, q, q)
+    assert len(entered) == 1
+
+
+def test_decode_causal_is_no_mask_and_window_under_causal_keeps_its_left_side():
+    from attnkit.runtime.call import Inputs
+
+    q, k = torch.randn(2, 1, 4, 16), torch.randn(2, 40, 4, 16)
+    call = Inputs(q, k, k, causal=True).describe()
+    assert call.causal is False  # one query sees every key bottom-right
+    q2 = torch.randn(2, 4, 4, 16)
+    assert Inputs(q2, k, k, causal=True, window=(8, 5)).describe().window == (8, 0)
+    assert Inputs(q2, k, k, causal=True, window=(-1, 3)).describe().window is None
+    assert Inputs(q2, k, k, causal=True, window=(8, 5)).describe().causal is True
+    out = attnkit.attention(q, k, k, causal=True)
+    torch.testing.assert_close(out.double(), reference_attention(q, k, k, causal=True), atol=1e-5, rtol=1e-5)
+
+
+def test_window_mask_is_built_once_per_shape(monkeypatch):
+    from attnkit.runtime import layout
+    from attnkit.runtime.attention import _FAST
+
+    _FAST.clear()
+    layout.cached_mask.cache_clear()
+    built: list = []
+    real = layout.allowed_mask
+    monkeypatch.setattr(layout, "allowed_mask", lambda *a, **kw: built.append(a) or real(*a, **kw))
+    q = torch.randn(2, 24, 2, 16)
+    for batch in (2, 2, 2, 3):  # a new batch size is a new call signature, but the same mask
+        qb = q[:1].expand(batch, -1, -1, -1).contiguous()
+        out = attnkit.attention(qb, qb, qb, causal=True, window=(4, 0))
+    assert len(built) == 1
+    torch.testing.assert_close(out.double(), reference_attention(qb, qb, qb, causal=True, window=(4, 0)),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_alibi_far_from_the_diagonal_survives_the_cast_to_bf16():
+    """flash-attn's test rule failed attnkit on ALiBi, not causal, more queries than keys (bf16): the bias
+    reached -150 where bf16's spacing is 1.0. Re-centred per row, the error drops by an order of magnitude."""
+    import torch.nn.functional as F
+
+    from attnkit.runtime import layout
+    from attnkit.runtime.smoke import CASES, inputs
+
+    inp = inputs(CASES["alibi_cross"], "bfloat16", "cpu")
+    q, k, v = (t.detach() for t in (inp.q, inp.k, inp.v))
+    ref = reference_attention(q.double(), k.double(), v.double(), alibi_slopes=inp.alibi_slopes)
+    out = attnkit.attention(q, k, v, alibi_slopes=inp.alibi_slopes, backend="sdpa_math")
+    bias = layout.alibi_bias(inp.alibi_slopes, q.shape[1], k.shape[1]).to(torch.bfloat16)  # the old cast
+    old = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         attn_mask=bias).transpose(1, 2)
+    err, old_err = (out.double() - ref).abs().max().item(), (old.double() - ref).abs().max().item()
+    assert err < 2.5e-2 < old_err and err < old_err / 10, (err, old_err)
+
+
 def test_import_attnkit_does_not_import_optional_libraries():
     import subprocess
     import sys
@@ -202,9 +304,8 @@ def test_bucketed_varlen_matches_reference(causal):
     """The cuDNN varlen backend's bucketing, run through SDPA math on CPU."""
     import math
 
-    from attnkit.runtime.backends import Params
     from attnkit.runtime.backends.sdpa_cudnn_varlen import SdpaCudnnVarlen
-    from attnkit.runtime.call import make_call
+    from attnkit.runtime.call import Inputs
 
     class OnCpu(SdpaCudnnVarlen):
         sdp_name = "MATH"
@@ -213,10 +314,10 @@ def test_bucketed_varlen_matches_reference(causal):
     lengths = [9, 0, 3, 12, 1, 7]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     q, k, v = rand(sum(lengths), 4, 16), rand(sum(lengths), 2, 16), rand(sum(lengths), 2, 16)
-    c = make_call(q, k, v, causal=causal, dropout_p=0.0, window=None, alibi_slopes=None, attn_bias=None,
-                  cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=12, max_seqlen_k=12)
-    assert c.varlen_same
-    out = OnCpu().run(q, k, v, c, Params(scale=1 / math.sqrt(16), dropout_p=0.0, window=None))
+    c, params = Inputs(q, k, v, causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=12,
+                       max_seqlen_k=12).prepare()
+    assert c.varlen_same and params.scale == 1 / math.sqrt(16)
+    out = OnCpu().run(q, k, v, c, params)
     ref = reference_attention(q.detach(), k.detach(), v.detach(), causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu)
     torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=2e-5)
     out.sum().backward()

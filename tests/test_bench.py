@@ -1,5 +1,6 @@
-"""The benchmark harness on CPU: interleaved timing (order, errors), FLOP counting, and a real quick run of
-`attnkit bench` whose report holds every ratio the runtime issue asks for."""
+"""The benchmark harness on CPU: interleaved timing (order, errors), FLOP counting, the plain-call candidates,
+the numerics check that keeps a wrong kernel out of the oracle, and a real quick run of `attnkit bench` whose
+report holds every field the runtime issue asks for."""
 
 from __future__ import annotations
 
@@ -12,26 +13,27 @@ torch = pytest.importorskip("torch")
 from attnkit.runtime import bench  # noqa: E402
 
 
-def test_interleaved_shuffles_predecessors_and_keeps_errors():
+def test_interleaved_shuffles_predecessors_and_times_blocks():
     seen: list[str] = []
-
-    def cand(name: str):
-        return lambda: seen.append(name)
-
-    def broken():
-        raise RuntimeError("No execution plans support the graph\nmore detail")
-
-    runs = {n: cand(n) for n in "abcde"}
-    runs["bad"] = broken
-    times, errors = bench.interleaved(runs, "cpu", iters=30, warmup=1)
+    runs = {n: (lambda n=n: seen.append(n)) for n in "abcde"}
+    times = bench.interleaved(runs, "cpu", iters=30)
     assert set(times) == set("abcde") and all(t >= 0 for t in times.values())
-    assert errors == {"bad": "RuntimeError: No execution plans support the graph"}
-    timed = seen[5:]  # after the warm-up calls, one per candidate
-    rounds = [timed[i:i + 5] for i in range(0, len(timed), 5)]
+    rounds = [seen[i:i + 5] for i in range(0, len(seen), 5)]
     assert len(rounds) == 30 and all(sorted(r) == list("abcde") for r in rounds)
     # a rotation would keep every candidate behind the same predecessor; a shuffle must not
     before_c = {r[r.index("c") - 1] for r in rounds if r.index("c") > 0}
     assert len(before_c) >= 3
+    seen.clear()
+    bench.interleaved(runs, "cpu", iters=2, calls=7)  # back to back: 7 calls per sample
+    assert len(seen) == 2 * 5 * 7
+
+
+def test_warm_keeps_errors_as_results():
+    def broken():
+        raise RuntimeError("No execution plans support the graph\nmore detail")
+
+    outs, errors = bench.warm({"ok": lambda: 1, "bad": broken}, "cpu")
+    assert outs == {"ok": 1} and errors == {"bad": "RuntimeError: No execution plans support the graph"}
 
 
 def test_attn_flops_causal_is_half():
@@ -40,24 +42,65 @@ def test_attn_flops_causal_is_half():
     assert bench.attn_flops(2, 8, 1024, 1024, 128, causal=True) == full / 2
 
 
+@pytest.mark.parametrize("label", [s.label for s in bench.suite(quick=True)])
+def test_plain_candidate_is_correct_and_the_check_catches_a_wrong_output(label):
+    """sdpa_plain (the call a user writes: lower-right causal bias, a mask built once, the padded batch for
+    varlen) agrees with the reference; a candidate that drops the mask does not pass the check."""
+    s = next(s for s in bench.suite(quick=True) if s.label == label)
+    c = bench.Case(s, "cpu")
+    runs, absent = c.candidates(grad=False)
+    assert {"sdpa_plain", "attnkit", "attnkit:sdpa_math"} <= set(runs)
+    assert absent["flash_attn4"] and absent["attnkit:sdpa_cudnn"]  # with the backends' own reasons
+    with torch.no_grad():
+        for name in ("sdpa_plain", "attnkit"):
+            assert bench.max_error(c, runs[name](), name) < bench.BENCH_TOL["float32"], name
+        if s.causal and s.seqlen_q > 1:
+            from attnkit.runtime.attention import attention
+
+            wrong = attention(c.q, c.k, c.v, **{**c.kw, "causal": False, "window": None})
+            assert bench.max_error(c, wrong, "attnkit") > 10 * bench.BENCH_TOL["float32"]
+
+
+def test_ratios_use_the_fastest_correct_candidate():
+    ms = {"sdpa_plain": {"fwd": {"sync": 2.0, "b2b": 1.0}}, "attnkit": {"fwd": {"sync": 1.0, "b2b": 1.25}},
+          "flash_attn4": {"fwd": {"sync": 0.5, "b2b": 2.0}}}
+    r = bench.ratios(ms, ["fwd"])["fwd"]
+    assert r["sync"] == {"oracle": "flash_attn4", "selected_over_oracle": 0.5, "selected_over_sdpa_plain": 2.0}
+    assert r["b2b"] == {"oracle": "sdpa_plain", "selected_over_oracle": 0.8, "selected_over_sdpa_plain": 0.8}
+
+
 def test_quick_bench_report(tmp_path):
     out = tmp_path / "bench.json"
     assert bench.run_bench(str(out), quick=True, png=False) == 0
     r = json.loads(out.read_text())
     assert r["device"] == "cpu" and r["quick"] is True
     assert r["environment"]["probe"]["torch"]["version"] == torch.__version__
+    assert [s["label"] for s in r["shapes"]] == [s.label for s in bench.suite(quick=True)]
     for s in r["shapes"]:
-        assert s["selected"] == "sdpa_cpu"
-        assert 0.5 < s["selected_over_oracle"] < 2.0, s
-        assert "attnkit" in s["results"] and "sdpa_default" in s["results"]
+        passes = ["fwd", "fwdbwd"] if s["shape"]["train"] else ["fwd"]
+        assert {"label", "call", "selected", "ms", "ratios"} <= set(s)
+        assert set(s["ratios"]) == set(passes) and s["selected"] in ("sdpa_cpu", "sdpa")
+        for name in ("sdpa_plain", "attnkit", "attnkit:sdpa_math"):
+            assert set(s["ms"][name]) == set(passes), (s["label"], name)
+            for ps in passes:
+                assert set(s["ms"][name][ps]) == {"sync", "b2b"} and s["ms"][name][ps]["sync"] > 0
+        assert not s["wrong"], s["wrong"]
+        for ps in passes:
+            for mode in ("sync", "b2b"):
+                ratio = s["ratios"][ps][mode]
+                assert 0 < ratio["selected_over_oracle"] <= 1.0
+                assert ratio["selected_over_sdpa_plain"] > 0
+    summ = r["summary"]
+    assert {"fwd_sync", "fwd_b2b", "fwdbwd_sync", "fwdbwd_b2b", "below_target", "dispatch_overhead_us"} <= set(summ)
+    assert summ["fwd_sync"]["shapes"] == len(r["shapes"])
     d = r["dispatch"]
-    assert len(d["repeats_us"]) == 3
+    assert len(d["repeats_us"]) == 3 and d["backend"] == "sdpa_cpu"
     assert d["overhead_us"] == pytest.approx(sorted(d["repeats_us"])[1], abs=1e-3)  # the median repeat
-    assert d["wrapper_only_us"] > 0
-    v = r["varlen"]
-    assert "error" not in v, v
-    assert 0.2 < v["padding_fraction"] < 0.8
-    assert v["packed_backend"] in v["packed_by_backend"]
-    assert v["packed_over_padded"] == pytest.approx(v["packed_ms"] / v["padded_ms"])
-    assert set(r["summary"]) == {"min_selected_over_oracle", "min_selected_over_sdpa_default",
-                                 "dispatch_overhead_us", "dispatch_wrapper_only_us", "varlen_packed_over_padded"}
+    assert 0 < d["wrapper_only_us"] < 50
+
+
+def test_bench_rejects_an_unknown_shape(capsys):
+    from attnkit.cli import main
+
+    assert main(["bench", "--shape", "nope"]) == 2
+    assert "--shape: unknown shape 'nope'; known: tiny" in capsys.readouterr().err

@@ -18,15 +18,20 @@ def test_probe_is_cached_and_immutable():
         p.python = "x"  # type: ignore[misc]
     assert p.python.count(".") == 2
     names = [lib.name for lib in p.libraries]
-    assert names == ["flash-attn", "flash-attn-3", "xformers", "cudnn-frontend"]
+    assert names == ["flash-attn", "flash-attn-3", "flash-attn-4", "xformers", "cudnn-frontend"]
+    fa4 = p.library("flash-attn-4")
+    assert fa4 is not None and fa4.checked is False  # deferred: never imported by the probe
 
 
 def test_doctor_json(capsys):
     rc = main(["doctor", "--json"])
     rep = json.loads(capsys.readouterr().out)
     assert set(rep) >= {"probe", "backends", "shapes", "healthy"}
-    assert set(rep["backends"]) >= {"sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math", "flash_attn2",
-                                     "flash_attn3", "xformers"}
+    assert set(rep["backends"]) >= {"sdpa", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math",
+                                     "flash_attn2", "flash_attn3", "flash_attn4", "xformers"}
+    if rep["device"] == "cpu" and rep["probe"]["torch"] is not None:
+        assert {s["row"] for s in rep["shapes"].values()} == {"default"}  # rows are per GPU architecture
+        assert rep["shapes"]["train causal D128"]["backend"] == "sdpa_cpu"
     if rep["probe"]["torch"] is None:
         assert all(not b["available"] for b in rep["backends"].values())
     else:

@@ -16,7 +16,7 @@ from attnkit.runtime.probe import GPU, Library, Probe, TorchInfo
 def fake_probe(cc: tuple[int, int] | None, libs: tuple[str, ...] = (), cudnn: int = 91900) -> Probe:
     gpus = () if cc is None else (GPU(0, f"Fake sm{cc[0]}{cc[1]}", cc, 80000, 100),)
     libraries = tuple(Library(n, n, "1.0", n in libs, n in libs)
-                      for n in ("flash-attn", "flash-attn-3", "xformers", "cudnn-frontend"))
+                      for n in ("flash-attn", "flash-attn-3", "flash-attn-4", "xformers", "cudnn-frontend"))
     return Probe("3.12.3", "linux-x86_64", "580.0", gpus, TorchInfo("2.11.0", "13.0", cudnn, True, cc is not None),
                  libraries, "nvml")
 
@@ -32,7 +32,7 @@ def call(**kw) -> AttentionCall:
 def fresh_selector(monkeypatch, tmp_path):
     monkeypatch.delenv(sel.ENV_BACKEND, raising=False)
     monkeypatch.delenv(sel.ENV_AUTOTUNE, raising=False)
-    monkeypatch.setenv(sel.ENV_CACHE, str(tmp_path / "cache"))
+    monkeypatch.setenv("ATTNKIT_CACHE_DIR", str(tmp_path / "cache"))
     sel.SELECTOR.reset()
     yield
     sel.SELECTOR.reset()
@@ -43,6 +43,7 @@ def fresh_selector(monkeypatch, tmp_path):
     [
         ((9, 0), (), "sdpa_cudnn"),  # Hopper: cuDNN ~1.8x FA2 (shared/FACTS.md)
         ((9, 0), ("flash-attn",), "sdpa_cudnn"),  # flash-attn installed is NOT the fast choice on H200
+        ((9, 0), ("flash-attn", "flash-attn-4"), "flash_attn4"),  # long D128 training: FA4 1.10-1.15x cuDNN
         ((10, 0), ("flash-attn",), "sdpa_cudnn"),
         ((8, 0), ("flash-attn",), "flash_attn2"),
         ((8, 0), (), "sdpa_flash"),
@@ -67,14 +68,14 @@ def test_features_route_to_capable_backends():
     p = fake_probe((9, 0))
     pick = lambda **kw: sel.SELECTOR.select(call(**kw), p).name  # noqa: E731
     assert pick(head_dim=256, head_dim_v=256) == "sdpa_cudnn"  # measured: cuDNN has D<=256 kernels on sm90
-    assert pick(head_dim=512, head_dim_v=512) == "sdpa_efficient"
-    assert pick(seqlen_q=128) == "sdpa_cudnn"
+    assert pick(head_dim=512, head_dim_v=512) == "sdpa"  # no fused kernel declares it: torch's own pick
+    assert pick(seqlen_q=128) == "sdpa"  # chunked prefill without FA4: torch's native bottom-right flash
     assert pick(window=(256, 0)) == "sdpa_cudnn"
     assert pick(varlen=True, lengths_q=(3, 4), lengths_k=(3, 4)) == "sdpa_cudnn_varlen"
     assert pick(varlen=True, lengths_q=(3, 4), lengths_k=(5, 4)) == "torch_varlen"
-    assert pick(dtype="float32") == "sdpa_efficient"
-    assert pick(dtype="float64") == "sdpa_math"
-    assert pick(dtype="float16", head_dim=250, head_dim_v=250) == "sdpa_math"  # not a multiple of 8
+    assert pick(dtype="float32") == "sdpa"
+    assert pick(dtype="float64") == "sdpa"
+    assert pick(dtype="float16", head_dim=250, head_dim_v=250) == "sdpa"  # not a multiple of 8
     p2 = fake_probe((9, 0), ("flash-attn",))
     assert sel.SELECTOR.select(call(varlen=True, alibi=True, lengths_q=(3,), lengths_k=(3,)), p2).name == "flash_attn2"
     p3 = fake_probe((8, 0), ("flash-attn",))
@@ -121,7 +122,8 @@ def test_xformers_varlen_causal_needs_keys_for_every_query():
 def test_cpu_selection():
     p = fake_probe(None)
     assert sel.SELECTOR.select(call(device="cpu"), p).name == "sdpa_cpu"
-    assert sel.SELECTOR.select(call(device="cpu", alibi=True), p).name == "sdpa_math"
+    assert sel.SELECTOR.select(call(device="cpu", alibi=True), p).name == "sdpa"
+    assert sel.SELECTOR.select(call(device="cpu", softcap=True), p).name == "sdpa_math"
 
 
 def test_no_backend_lists_every_backend_and_reason():
@@ -169,7 +171,7 @@ def test_runtime_fallback_demotes_once_and_warns(monkeypatch):
         limits = REGISTRY["sdpa_cpu"].limits
         calls = 0
 
-        def run(self, q, k, v, c, p):
+        def compute(self, q, k, v, c, p):
             Exploding.calls += 1
             raise RuntimeError("No execution plans support the graph.")
 
@@ -197,7 +199,7 @@ def test_explicit_backend_does_not_fall_back(monkeypatch):
         name = "sdpa_cpu"
         limits = REGISTRY["sdpa_cpu"].limits
 
-        def run(self, q, k, v, c, p):
+        def compute(self, q, k, v, c, p):
             raise RuntimeError("boom")
 
     monkeypatch.setitem(REGISTRY, "sdpa_cpu", Exploding())
@@ -211,7 +213,8 @@ def test_explicit_backend_does_not_fall_back(monkeypatch):
 def test_autotune_picks_fastest_and_persists(tmp_path):
     p = fake_probe((9, 0), ("flash-attn",))
     sel.SELECTOR.autotune = True
-    speeds = {"sdpa_cudnn": 3.0, "flash_attn2": 1.0, "sdpa_flash": 2.0, "sdpa_efficient": 5.0, "sdpa_math": 9.0}
+    speeds = {"sdpa_cudnn": 3.0, "flash_attn2": 1.0, "sdpa_flash": 2.0, "sdpa": 4.0, "sdpa_efficient": 5.0,
+              "sdpa_math": 9.0}
     timed: list[str] = []
 
     def timer(b):
@@ -219,7 +222,7 @@ def test_autotune_picks_fastest_and_persists(tmp_path):
         return speeds[b.name]
 
     assert sel.SELECTOR.select(call(), p, timer=timer).name == "flash_attn2"
-    assert set(timed) == {"sdpa_cudnn", "flash_attn2", "sdpa_flash", "sdpa_efficient", "sdpa_math"}
+    assert set(timed) == set(speeds)
     timed.clear()
     assert sel.SELECTOR.select(call(batch=7), p, timer=timer).name == "flash_attn2"  # same bucket
     assert timed == []
@@ -235,3 +238,135 @@ def test_autotune_picks_fastest_and_persists(tmp_path):
     other = replace(other, gpus=(GPU(0, "Other", (9, 0), 1, 1),))
     assert sel.SELECTOR.select(call(), other, timer=timer).name == "flash_attn2"
     assert timed  # re-timed for the other GPU
+
+
+# -- FlashAttention-4: limits per architecture, and selection per call class ---------------------------------------
+
+def test_flash_attn4_limits_per_architecture():
+    fa4 = REGISTRY["flash_attn4"]
+    why = lambda cc, **kw: reasons(fa4.limits, call(**kw), cc)  # noqa: E731
+    assert why((9, 0)) == [] and why((9, 0), head_dim=256, head_dim_v=256) == []
+    assert why((9, 0), head_dim=512, head_dim_v=512) == ["head_dim 512 > 256"]
+    assert why((9, 0), head_dim=100, head_dim_v=100) == ["head_dim must be a multiple of 8"]
+    assert why((10, 0), head_dim=192, head_dim_v=192) == ["head_dim 192 > 128 (or exactly 256)"]
+    assert why((10, 0), head_dim=256, head_dim_v=256) == [] and why((11, 0)) == []
+    assert why((12, 0), head_dim=256, head_dim_v=256) == ["head_dim 256 > 128"]
+    assert why((12, 0), deterministic=True) == [
+        "backward is not deterministic (torch.use_deterministic_algorithms is on)"]
+    assert why((9, 0), deterministic=True) == []
+    assert why((8, 0)) == ["has kernels for compute capability 9.0, 10.0-11.9, 12.0-12.9, GPU is sm80"]
+    assert why((9, 0), dtype="float32", dropout=True, alibi=True) == [
+        "dtype float32 not supported (supports bfloat16, float16)", "no ALiBi support", "no dropout support"]
+    assert why((9, 0), window=(128, 0), softcap=True, varlen=True, lengths_q=(3,), lengths_k=(9,)) == []
+    assert why((9, 0), head_dim_v=64) == ["needs v's head_dim equal to q's"]
+
+
+@pytest.mark.parametrize(
+    ("label", "kw", "expected"),
+    [
+        ("train D128 bf16", {}, "flash_attn4"),
+        ("train D128 fp16", {"dtype": "float16"}, "flash_attn4"),
+        ("inference D128", {"requires_grad": False}, "sdpa_cudnn"),
+        ("train D256", {"head_dim": 256, "head_dim_v": 256}, "sdpa_cudnn"),
+        ("train D64", {"head_dim": 64, "head_dim_v": 64}, "sdpa_cudnn"),
+        ("window", {"window": (1024, 0)}, "flash_attn4"),
+        ("varlen", {"varlen": True, "lengths_q": (100, 7), "lengths_k": (100, 7)}, "flash_attn4"),
+        ("chunked prefill", {"seqlen_q": 512, "requires_grad": False}, "flash_attn4"),
+        ("decode", {"seqlen_q": 1, "causal": False, "requires_grad": False, "batch": 64}, "sdpa"),
+        ("spec decode", {"seqlen_q": 4, "requires_grad": False}, "sdpa"),
+        ("small", {"batch": 4, "seqlen_q": 256, "seqlen_k": 256, "head_dim": 64, "head_dim_v": 64}, "sdpa"),
+        ("fp32", {"dtype": "float32"}, "sdpa"),
+        ("cross", {"seqlen_q": 4096, "seqlen_k": 512, "causal": False, "requires_grad": False}, "sdpa_cudnn"),
+    ],
+)
+def test_selection_per_call_class_on_h200_with_fa4(label, kw, expected):
+    p = fake_probe((9, 0), ("flash-attn-4", "cudnn-frontend"))
+    assert sel.SELECTOR.select(call(**kw), p).name == expected, label
+
+
+def test_rows_without_fa4_fall_back_to_the_measured_next_choice():
+    p = fake_probe((9, 0), ("cudnn-frontend",))
+    pick = lambda **kw: sel.SELECTOR.select(call(**kw), p).name  # noqa: E731
+    assert pick(window=(1024, 0)) == "sdpa_cudnn"
+    assert pick(varlen=True, lengths_q=(100, 7), lengths_k=(100, 7)) == "cudnn_ragged"
+    assert pick(seqlen_q=512, requires_grad=False) == "sdpa"  # torch's native bottom-right flash kernel
+    assert pick() == "sdpa_cudnn"
+
+
+def test_blackwell_rows_and_defaults():
+    p = fake_probe((10, 0), ("flash-attn-4",))
+    assert sel.SELECTOR.select(call(window=(1024, 0)), p).name == "flash_attn4"
+    assert sel.SELECTOR.select(call(), p).name == "sdpa_cudnn"  # not measured: cuDNN stays first
+
+
+def test_priority_rows_are_data_with_sources_and_never_drop_a_backend():
+    from attnkit.runtime import priority
+
+    for minimum, order in priority.DEFAULTS:
+        assert set(order) <= set(REGISTRY), minimum
+    for row in priority.ROWS:
+        assert set(row.order) <= set(REGISTRY), row.label
+        assert row.source and row.when, row.label
+        assert set(row.when) <= set(priority.Features.__dataclass_fields__), row.label
+    for kw in ({}, {"window": (9, 0)}, {"seqlen_q": 1}, {"varlen": True, "lengths_q": (3,), "lengths_k": (3,)}):
+        order, _ = priority.order_for(call(**kw), (9, 0))
+        assert sorted(order) == sorted(priority.default_order(call(), (9, 0))), kw
+        assert len(order) == len(set(order))
+
+
+def test_explicit_backend_still_fails_loudly_where_its_row_does_not_apply():
+    p = fake_probe((9, 0), ("flash-attn-4",))
+    with pytest.raises(sel.NoBackendError, match=r"(?s)backend=flash_attn4 cannot serve.*no ALiBi support"):
+        sel.SELECTOR.select(call(alibi=True), p, backend="flash_attn4")
+
+
+def test_flash_attn4_is_found_without_importing_it_and_a_failed_import_is_remembered(tmp_path, monkeypatch):
+    """The probe finds flash-attn-4 from its distribution's files (its import costs ~4.6 s); the first use
+    imports it; an import that fails makes the backend unavailable with that error, and is not retried."""
+    import importlib
+    import sys
+
+    from attnkit.runtime import probe as probe_mod
+    from attnkit.runtime.backends import flash_attn4
+
+    site = tmp_path / "site"
+    (site / "flash_attn" / "cute").mkdir(parents=True)
+    (site / "flash_attn" / "cute" / "__init__.py").write_text("raise ImportError('libcute_dsl_runtime.so: cannot open')\n")
+    info = site / "flash_attn_4-4.0.0b36.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flash-attn-4\nVersion: 4.0.0b36\n")
+    (info / "RECORD").write_text("")
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    monkeypatch.setattr(flash_attn4, "_state", {})
+    monkeypatch.setenv("ATTNKIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv(flash_attn4.ENV_CACHE_DIR, raising=False)
+    monkeypatch.delenv(flash_attn4.ENV_CACHE_ENABLED, raising=False)
+
+    libs = {lib.name: lib for lib in probe_mod._libraries(with_torch=True)}
+    fa4 = libs["flash-attn-4"]
+    assert (fa4.installed, fa4.checked, fa4.version) == (True, False, "4.0.0b36")
+    assert "flash_attn.cute" not in sys.modules
+    p = replace(fake_probe((9, 0)), libraries=tuple(libs.values()))
+    backend = REGISTRY["flash_attn4"]
+    assert backend.check(call(), p) == []  # provisionally available: nothing imported yet
+    with pytest.raises(RuntimeError, match=r"flash_attn\.cute does not import: ImportError: libcute_dsl_runtime\.so"):
+        flash_attn4.load()
+    # the kernel cache was pointed into attnkit's cache folder before the import
+    assert flash_attn4.kernel_cache_dir() == tmp_path / "cache" / "flash-attn-4"
+    assert backend.check(call(), p) == ["flash_attn.cute does not import: ImportError: libcute_dsl_runtime.so: cannot open"]
+    (site / "flash_attn" / "cute" / "__init__.py").write_text("")  # fixed on disk: still not retried this process
+    with pytest.raises(RuntimeError, match="does not import"):
+        flash_attn4.load()
+    assert sel.SELECTOR.select(call(window=(64, 0)), p).name == "sdpa_cudnn"
+    for name in ("flash_attn.cute", "flash_attn"):
+        sys.modules.pop(name, None)
+
+
+def test_flash_attn4_cache_respects_the_users_own_variables(tmp_path, monkeypatch):
+    from attnkit.runtime.backends import flash_attn4
+
+    monkeypatch.setenv(flash_attn4.ENV_CACHE_DIR, str(tmp_path / "mine"))
+    assert flash_attn4.kernel_cache_dir() == tmp_path / "mine"
+    monkeypatch.setenv(flash_attn4.ENV_CACHE_ENABLED, "0")
+    assert flash_attn4.kernel_cache_dir() is None

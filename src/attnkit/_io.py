@@ -1,5 +1,5 @@
-"""Atomic file output: write to a temporary file beside the target, then rename, so a failed or
-interrupted command never leaves a half-written file behind."""
+"""Where attnkit writes: atomic file output (a temporary file beside the target, then a rename, so a failed
+or interrupted command never leaves a half-written file behind) and the one cache folder."""
 
 from __future__ import annotations
 
@@ -22,3 +22,11 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def cache_dir() -> Path:
+    """$ATTNKIT_CACHE_DIR, else $XDG_CACHE_HOME/attnkit, else ~/.cache/attnkit: sources, build trees, the
+    autotune table and FlashAttention-4's compiled kernels all live under it."""
+    base = os.environ.get("ATTNKIT_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "attnkit")
+    return Path(base)

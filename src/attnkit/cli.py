@@ -83,7 +83,22 @@ def _cmd_doctor(a: argparse.Namespace) -> int:
 def _cmd_bench(a: argparse.Namespace) -> int:
     from attnkit.runtime.bench import run_bench
 
-    return run_bench(out=a.out, quick=a.quick, png=a.png)
+    return run_bench(out=a.out, quick=a.quick, png=a.png, only=a.shape)
+
+
+def _cmd_smoke(a: argparse.Namespace) -> int:
+    from attnkit.runtime.smoke import run_smoke
+
+    return run_smoke(report=a.report, backends=a.backend, cases=a.case)
+
+
+def _cmd_warmup(a: argparse.Namespace) -> int:
+    from attnkit.runtime.warmup import load_shapes, run_warmup, shapes_from_model
+
+    if bool(a.shapes) == bool(a.model):
+        raise AttnkitError("warmup: give --shapes FILE.json or --model CONFIG (config.json or its folder)")
+    shapes = load_shapes(a.shapes) if a.shapes else shapes_from_model(a.model, a.seqlen, a.batch, a.dtype)
+    return run_warmup(shapes, report=a.report, dry_run=a.dry_run, as_json=a.json)
 
 
 def _spec(a: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -152,7 +167,7 @@ def _cmd_wheels_finalize(a: argparse.Namespace) -> int:
 
 
 def _cmd_wheels_toolkit(a: argparse.Namespace) -> int:
-    from attnkit.wheels.build import cache_dir
+    from attnkit._io import cache_dir
     from attnkit.wheels.toolkit import resolve_toolkit
 
     spec = _spec(a)
@@ -163,7 +178,8 @@ def _cmd_wheels_toolkit(a: argparse.Namespace) -> int:
 
 
 def _cmd_wheels_source(a: argparse.Namespace) -> int:
-    from attnkit.wheels.build import cache_dir, prepare_source
+    from attnkit._io import cache_dir
+    from attnkit.wheels.build import prepare_source
 
     dest = Path(a.dest)
     print(prepare_source(_spec(a), dest, cache_dir()))
@@ -301,7 +317,25 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--out", default=None, help="JSON report path (a PNG chart is written beside it)")
     be.add_argument("--quick", action="store_true", help="a small suite (CPU sanity runs)")
     be.add_argument("--no-png", dest="png", action="store_false")
+    be.add_argument("--shape", action="append", help="only this shape of the suite (by label; repeatable)")
     be.set_defaults(func=_cmd_bench)
+
+    sm = sub.add_parser("smoke", help="check every backend's numerics, forward and backward, on this machine")
+    sm.add_argument("--report", help="write the JSON report here")
+    sm.add_argument("--backend", action="append", help="only this backend ('attnkit': attention() itself); repeatable")
+    sm.add_argument("--case", action="append", help="only this case; repeatable")
+    sm.set_defaults(func=_cmd_smoke)
+
+    wu = sub.add_parser("warmup", help="compile JIT kernels (FlashAttention-4) for a list of shapes ahead of time")
+    wu.add_argument("--shapes", help="JSON list of shapes: heads, head_dim, seqlen | seqlen_q+seqlen_k | lengths, ...")
+    wu.add_argument("--model", help="a Hugging Face config.json (or its folder): train, prefill and decode shapes")
+    wu.add_argument("--seqlen", type=int, default=4096, help="with --model: sequence length (default 4096)")
+    wu.add_argument("--batch", type=int, default=1, help="with --model: batch size (default 1)")
+    wu.add_argument("--dtype", choices=("float16", "bfloat16"), help="with --model: override the config's dtype")
+    wu.add_argument("--report", help="also write the JSON report here")
+    wu.add_argument("--json", action="store_true", help="print the report as JSON")
+    wu.add_argument("--dry-run", action="store_true", help="list the backend per shape; compile nothing")
+    wu.set_defaults(func=_cmd_warmup)
 
     wh = sub.add_parser("wheels", help="build and verify prebuilt wheels")
     wsub = wh.add_subparsers(dest="wheels_command", required=True, parser_class=_Parser)

@@ -1,5 +1,5 @@
 """The hermetic wheelhouse an image is built from: the cell's torch with its full dependency closure, the
-cell's verified attnkit-built wheels, attnkit itself, and nox + pytest (so `nox -s smoke` runs in the image),
+cell's verified attnkit-built wheels, attnkit itself, and nox (so `nox -s smoke` runs in the image),
 for the cell's Python and platform. `requirements.txt` pins every file by sha256, so the image's install
 step runs offline with --require-hashes and a tampered file fails the build.
 
@@ -27,7 +27,6 @@ from attnkit.wheels.pyenv import torch_requirement
 
 PIP_VERSION = "26.3"
 NOX_VERSION = "2026.10.20"
-PYTEST_VERSION = "9.2.0"
 # cuDNN's Python graphs, for the cudnn_ragged varlen backend (CUDA cells only). Taken without its declared
 # dependencies (nvidia-cutlass-dsl[cu13], apache-tvm-ffi: only its optional CuTe-DSL kernels use them; the
 # cuDNN graphs load libcudnn from torch's own nvidia-cudnn wheel), as checked on the H200 (docs/results).
@@ -85,7 +84,7 @@ def build_wheelhouse(cell: Cell, out: Path, wheels: Path | None = None, index: s
             _pip(["wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp, str(ROOT)], "building attnkit's wheel")
             for w in Path(tmp).glob("*.whl"):
                 shutil.copyfile(w, stage / w.name)
-        reqs = [torch_req, f"nox=={NOX_VERSION}", f"pytest=={PYTEST_VERSION}", "pydantic>=2.7,<3", "PyYAML>=6",
+        reqs = [torch_req, f"nox=={NOX_VERSION}", "pydantic>=2.7,<3", "PyYAML>=6",
                 "packaging>=23", "rich>=13", "numpy"]
         reqs += [f"{p.name}=={p.version}" for p in cell.packages]  # their dependencies (einops, ...)
         _pip(["download", "-q", "--dest", str(stage), "--extra-index-url", index, "--find-links", str(stage),

@@ -1,13 +1,18 @@
-"""The normalised attention call: what a backend needs to know to say yes or no, validated once.
+"""The normalised attention call: the user's arguments as ONE object (`Inputs`), validated once into a
+description (`AttentionCall`) that backends say yes or no to, plus the runtime values they need (`Params`).
 
 Layout: (batch, seqlen, heads, head_dim); packed varlen is (total, heads, head_dim) with int32 cu_seqlens.
 Causal is bottom-right aligned (flash-attn >= 2.1): query i sees keys j <= i + seqlen_k - seqlen_q.
 Window (left, right), -1 = unbounded, is measured from that same aligned diagonal.
+
+Normalisation happens here, once, so no backend has to know it: bottom-right causal with one query is no
+mask at all (decode), and a window under causal keeps only its left side.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +39,7 @@ class AttentionCall:
     varlen: bool
     requires_grad: bool
     deterministic: bool = False
+    softcap: bool = False
     # varlen only: per-sequence lengths, read once on the host while validating cu_seqlens
     lengths_q: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
     lengths_k: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
@@ -47,6 +53,12 @@ class AttentionCall:
     def gqa(self) -> bool:
         return self.kv_heads != self.heads
 
+    @property
+    def work(self) -> int:
+        """Score-matrix elements times head_dim: what the kernel's time scales with (a causal call does
+        about half, which the selection thresholds already allow for)."""
+        return self.batch * self.heads * self.seqlen_q * self.seqlen_k * self.head_dim
+
     def bucket(self) -> tuple[Any, ...]:
         """Autotune key: shapes rounded to powers of two, so nearby shapes share one measurement."""
 
@@ -55,12 +67,14 @@ class AttentionCall:
 
         return (self.device, self.dtype, p2(self.batch), p2(self.seqlen_q), p2(self.seqlen_k), self.heads,
                 self.kv_heads, self.head_dim, self.head_dim_v, self.causal, self.dropout, self.window, self.alibi,
-                self.bias, self.varlen, self.requires_grad)
+                self.bias, self.varlen, self.requires_grad, self.softcap)
 
     def describe(self) -> str:
         parts = [f"{self.dtype}", f"B={self.batch}", f"Sq={self.seqlen_q}", f"Sk={self.seqlen_k}",
                  f"H={self.heads}", f"Hkv={self.kv_heads}", f"D={self.head_dim}"]
-        for flag in ("causal", "dropout", "alibi", "bias", "varlen"):
+        if self.head_dim_v != self.head_dim:
+            parts.append(f"Dv={self.head_dim_v}")
+        for flag in ("causal", "dropout", "alibi", "bias", "softcap", "varlen"):
             if getattr(self, flag):
                 parts.append(flag)
         if self.window:
@@ -68,6 +82,22 @@ class AttentionCall:
         if self.requires_grad:
             parts.append("grad")
         return " ".join(parts)
+
+
+@dataclass
+class Params:
+    """Runtime values a backend needs beyond the call's description."""
+
+    scale: float
+    dropout_p: float
+    window: tuple[int, int] | None
+    softcap: float = 0.0
+    alibi_slopes: Any = None
+    attn_bias: Any = None
+    cu_seqlens_q: Any = None
+    cu_seqlens_k: Any = None
+    max_seqlen_q: int | None = None
+    max_seqlen_k: int | None = None
 
 
 def _fail(arg: str, msg: str) -> ValueError:
@@ -78,106 +108,158 @@ def _dtype_name(t: Any) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def make_call(q: Any, k: Any, v: Any, *, causal: bool, dropout_p: float, window: tuple[int, int] | None,
-              alibi_slopes: Any, attn_bias: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
-              max_seqlen_q: int | None, max_seqlen_k: int | None) -> AttentionCall:
-    """Validate user input (ValueError naming the argument) and describe the call. Runs before any kernel."""
-    import torch
+@dataclass(frozen=True)
+class Inputs:
+    """One attention() call's arguments as given. Built once per call (attention(), its fallback, the bench
+    and the smoke all use this object); `describe()` validates them, `params()` derives the runtime values."""
 
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise _fail(name, f"expected a torch.Tensor, got {type(t).__name__}")
-    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
-    rank = 3 if varlen else 4
-    layout = "(total, heads, head_dim) for varlen" if varlen else "(batch, seqlen, heads, head_dim)"
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != rank:
-            raise _fail(name, f"expected {rank} dims {layout}, got shape {tuple(t.shape)}")
-        if _dtype_name(t) not in _FLOAT_DTYPES:
-            raise _fail(name, f"dtype {_dtype_name(t)} is not supported; use float16, bfloat16, float32 or float64")
-    for name, t in (("k", k), ("v", v)):
-        if t.dtype != q.dtype:
-            raise _fail(name, f"dtype {_dtype_name(t)} differs from q's {_dtype_name(q)}")
-        if t.device != q.device:
-            raise _fail(name, f"device {t.device} differs from q's {q.device}")
-    if q.shape[-1] != k.shape[-1]:
-        raise _fail("k", f"head_dim {k.shape[-1]} differs from q's {q.shape[-1]}")
-    if k.shape[:-1] != v.shape[:-1]:
-        raise _fail("v", f"shape {tuple(v.shape)} does not match k's {tuple(k.shape)} except head_dim")
-    heads, kv_heads = q.shape[-2], k.shape[-2]
-    if kv_heads == 0 or heads % kv_heads:
-        raise _fail("k", f"q has {heads} heads, which is not a multiple of k's {kv_heads} heads")
-    if not 0.0 <= dropout_p < 1.0:
-        raise _fail("dropout_p", f"must be in [0, 1), got {dropout_p}")
-    if window is not None:
-        if (not isinstance(window, (tuple, list)) or len(window) != 2
-                or not all(isinstance(w, int) and w >= -1 for w in window)):
-            raise _fail("window", f"expected (left, right) ints >= -1 (-1 = unbounded), got {window!r}")
-        window = (int(window[0]), int(window[1]))
-        if window == (-1, -1):
-            window = None
+    q: Any
+    k: Any
+    v: Any
+    causal: bool = False
+    softmax_scale: float | None = None
+    dropout_p: float = 0.0
+    window: Any = None
+    softcap: float = 0.0
+    alibi_slopes: Any = None
+    attn_bias: Any = None
+    cu_seqlens_q: Any = None
+    cu_seqlens_k: Any = None
+    max_seqlen_q: int | None = None
+    max_seqlen_k: int | None = None
 
-    if varlen:
-        if cu_seqlens_q is None or cu_seqlens_k is None:
-            raise _fail("cu_seqlens_q" if cu_seqlens_q is None else "cu_seqlens_k",
-                        "varlen needs both cu_seqlens_q and cu_seqlens_k")
-        if max_seqlen_q is None or max_seqlen_k is None:
-            raise _fail("max_seqlen_q" if max_seqlen_q is None else "max_seqlen_k", "required with cu_seqlens")
-        lengths_q = _check_cu(cu_seqlens_q, "cu_seqlens_q", q, max_seqlen_q, "max_seqlen_q")
-        lengths_k = _check_cu(cu_seqlens_k, "cu_seqlens_k", k, max_seqlen_k, "max_seqlen_k")
-        batch, batch_k = len(lengths_q), len(lengths_k)
-        if batch != batch_k:
-            raise _fail("cu_seqlens_k", f"describes {batch_k} sequences, cu_seqlens_q {batch}")
-        sq, sk = int(max_seqlen_q), int(max_seqlen_k)
-    else:
-        lengths_q = lengths_k = None  # type: ignore[assignment]
-        batch, sq, sk = q.shape[0], q.shape[1], k.shape[1]
-        if k.shape[0] != batch:
-            raise _fail("k", f"batch {k.shape[0]} differs from q's {batch}")
+    def prepare(self) -> tuple[AttentionCall, Params]:
+        call = self.describe()
+        return call, self.params(call)
 
-    if alibi_slopes is not None:
-        if not isinstance(alibi_slopes, torch.Tensor) or alibi_slopes.dtype != torch.float32:
-            raise _fail("alibi_slopes", "expected a float32 tensor of shape (heads,) or (batch, heads)")
-        if tuple(alibi_slopes.shape) not in ((heads,), (batch, heads)):
-            raise _fail("alibi_slopes", f"shape {tuple(alibi_slopes.shape)} is not ({heads},) or ({batch}, {heads})")
-        if alibi_slopes.device != q.device:
-            raise _fail("alibi_slopes", f"device {alibi_slopes.device} differs from q's {q.device}")
-    if attn_bias is not None:
-        if not isinstance(attn_bias, torch.Tensor):
-            raise _fail("attn_bias", f"expected a tensor broadcastable to (batch, heads, {sq}, {sk})")
+    def params(self, call: AttentionCall) -> Params:
+        scale = self.softmax_scale
+        return Params(scale=float(scale) if scale is not None else 1.0 / math.sqrt(call.head_dim),
+                      dropout_p=float(self.dropout_p), window=call.window, softcap=float(self.softcap),
+                      alibi_slopes=self.alibi_slopes, attn_bias=self.attn_bias, cu_seqlens_q=self.cu_seqlens_q,
+                      cu_seqlens_k=self.cu_seqlens_k, max_seqlen_q=self.max_seqlen_q, max_seqlen_k=self.max_seqlen_k)
+
+    def describe(self) -> AttentionCall:
+        """Validate (ValueError naming the argument) and describe the call. Runs before any kernel."""
+        import torch
+
+        q, k, v = self.q, self.k, self.v
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor):
+                raise _fail(name, f"expected a torch.Tensor, got {type(t).__name__}")
+        varlen = self.cu_seqlens_q is not None or self.cu_seqlens_k is not None
+        rank = 3 if varlen else 4
+        layout = "(total, heads, head_dim) for varlen" if varlen else "(batch, seqlen, heads, head_dim)"
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if t.dim() != rank:
+                raise _fail(name, f"expected {rank} dims {layout}, got shape {tuple(t.shape)}")
+            if _dtype_name(t) not in _FLOAT_DTYPES:
+                raise _fail(name, f"dtype {_dtype_name(t)} is not supported; use float16, bfloat16, float32 or float64")
+        for name, t in (("k", k), ("v", v)):
+            if t.dtype != q.dtype:
+                raise _fail(name, f"dtype {_dtype_name(t)} differs from q's {_dtype_name(q)}")
+            if t.device != q.device:
+                raise _fail(name, f"device {t.device} differs from q's {q.device}")
+        if q.shape[-1] != k.shape[-1]:
+            raise _fail("k", f"head_dim {k.shape[-1]} differs from q's {q.shape[-1]}")
+        if k.shape[:-1] != v.shape[:-1]:
+            raise _fail("v", f"shape {tuple(v.shape)} does not match k's {tuple(k.shape)} except head_dim")
+        heads, kv_heads = q.shape[-2], k.shape[-2]
+        if kv_heads == 0 or heads % kv_heads:
+            raise _fail("k", f"q has {heads} heads, which is not a multiple of k's {kv_heads} heads")
+        s = self.softmax_scale
+        if s is not None and not (isinstance(s, (int, float)) and not isinstance(s, bool) and s > 0):
+            raise _fail("softmax_scale", f"expected a positive number, got {s!r}")
+        if not isinstance(self.dropout_p, (int, float)) or not 0.0 <= self.dropout_p < 1.0:
+            raise _fail("dropout_p", f"must be in [0, 1), got {self.dropout_p}")
+        if not isinstance(self.softcap, (int, float)) or self.softcap < 0:
+            raise _fail("softcap", f"expected a number >= 0 (0 = off), got {self.softcap!r}")
+        window = _check_window(self.window)
+
+        lengths_q = lengths_k = None
         if varlen:
-            raise _fail("attn_bias", "is not supported with varlen (cu_seqlens); pad the batch instead")
-        try:
-            torch.broadcast_shapes(tuple(attn_bias.shape), (batch, heads, sq, sk))
-        except RuntimeError:
-            raise _fail("attn_bias", f"shape {tuple(attn_bias.shape)} does not broadcast to "
-                                     f"(batch, heads, seqlen_q, seqlen_k) = ({batch}, {heads}, {sq}, {sk})") from None
-        if attn_bias.device != q.device:
-            raise _fail("attn_bias", f"device {attn_bias.device} differs from q's {q.device}")
+            if self.cu_seqlens_q is None or self.cu_seqlens_k is None:
+                raise _fail("cu_seqlens_q" if self.cu_seqlens_q is None else "cu_seqlens_k",
+                            "varlen needs both cu_seqlens_q and cu_seqlens_k")
+            if self.max_seqlen_q is None or self.max_seqlen_k is None:
+                raise _fail("max_seqlen_q" if self.max_seqlen_q is None else "max_seqlen_k", "required with cu_seqlens")
+            lengths_q = _check_cu(self.cu_seqlens_q, "cu_seqlens_q", q, self.max_seqlen_q, "max_seqlen_q")
+            lengths_k = _check_cu(self.cu_seqlens_k, "cu_seqlens_k", k, self.max_seqlen_k, "max_seqlen_k")
+            batch, batch_k = len(lengths_q), len(lengths_k)
+            if batch != batch_k:
+                raise _fail("cu_seqlens_k", f"describes {batch_k} sequences, cu_seqlens_q {batch}")
+            sq, sk = int(self.max_seqlen_q), int(self.max_seqlen_k)
+        else:
+            batch, sq, sk = q.shape[0], q.shape[1], k.shape[1]
+            if k.shape[0] != batch:
+                raise _fail("k", f"batch {k.shape[0]} differs from q's {batch}")
 
-    requires_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    return AttentionCall(
-        device=q.device.type,
-        device_index=q.device.index or 0,
-        dtype=_dtype_name(q),
-        batch=int(batch),
-        seqlen_q=int(sq),
-        seqlen_k=int(sk),
-        heads=int(heads),
-        kv_heads=int(kv_heads),
-        head_dim=int(q.shape[-1]),
-        head_dim_v=int(v.shape[-1]),
-        causal=bool(causal),
-        dropout=dropout_p > 0.0,
-        window=window,
-        alibi=alibi_slopes is not None,
-        bias=attn_bias is not None,
-        varlen=varlen,
-        requires_grad=requires_grad,
-        deterministic=requires_grad and torch.are_deterministic_algorithms_enabled(),
-        lengths_q=lengths_q,
-        lengths_k=lengths_k,
-    )
+        alibi, bias = self.alibi_slopes, self.attn_bias
+        if alibi is not None:
+            if not isinstance(alibi, torch.Tensor) or alibi.dtype != torch.float32:
+                raise _fail("alibi_slopes", "expected a float32 tensor of shape (heads,) or (batch, heads)")
+            if tuple(alibi.shape) not in ((heads,), (batch, heads)):
+                raise _fail("alibi_slopes", f"shape {tuple(alibi.shape)} is not ({heads},) or ({batch}, {heads})")
+            if alibi.device != q.device:
+                raise _fail("alibi_slopes", f"device {alibi.device} differs from q's {q.device}")
+        if bias is not None:
+            if not isinstance(bias, torch.Tensor):
+                raise _fail("attn_bias", f"expected a tensor broadcastable to (batch, heads, {sq}, {sk})")
+            if varlen:
+                raise _fail("attn_bias", "is not supported with varlen (cu_seqlens); pad the batch instead")
+            try:
+                torch.broadcast_shapes(tuple(bias.shape), (batch, heads, sq, sk))
+            except RuntimeError:
+                raise _fail("attn_bias", f"shape {tuple(bias.shape)} does not broadcast to "
+                                         f"(batch, heads, seqlen_q, seqlen_k) = ({batch}, {heads}, {sq}, {sk})") from None
+            if bias.device != q.device:
+                raise _fail("attn_bias", f"device {bias.device} differs from q's {q.device}")
+
+        causal, window = normalise_mask(bool(self.causal), sq, window)
+        requires_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        return AttentionCall(
+            device=q.device.type,
+            device_index=q.device.index or 0,
+            dtype=_dtype_name(q),
+            batch=int(batch),
+            seqlen_q=int(sq),
+            seqlen_k=int(sk),
+            heads=int(heads),
+            kv_heads=int(kv_heads),
+            head_dim=int(q.shape[-1]),
+            head_dim_v=int(v.shape[-1]),
+            causal=causal,
+            dropout=self.dropout_p > 0.0,
+            window=window,
+            alibi=alibi is not None,
+            bias=bias is not None,
+            varlen=varlen,
+            requires_grad=requires_grad,
+            deterministic=requires_grad and torch.are_deterministic_algorithms_enabled(),
+            softcap=self.softcap > 0,
+            lengths_q=lengths_q,
+            lengths_k=lengths_k,
+        )
+
+
+def normalise_mask(causal: bool, seqlen_q: int, window: tuple[int, int] | None
+                   ) -> tuple[bool, tuple[int, int] | None]:
+    """One query sees every key under bottom-right causal: no mask at all (decode). Under causal, a window
+    keeps only its left side (causal already bounds the right)."""
+    causal = causal and seqlen_q > 1
+    if causal and window is not None:
+        window = None if window[0] == -1 else (window[0], 0)
+    return causal, window
+
+
+def _check_window(window: Any) -> tuple[int, int] | None:
+    if window is None:
+        return None
+    if (not isinstance(window, (tuple, list)) or len(window) != 2
+            or not all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window)):
+        raise _fail("window", f"expected (left, right) ints >= -1 (-1 = unbounded), got {window!r}")
+    left, right = int(window[0]), int(window[1])
+    return None if (left, right) == (-1, -1) else (left, right)
 
 
 def _check_cu(cu: Any, name: str, t: Any, max_len: int, max_name: str) -> tuple[int, ...]:
@@ -187,7 +269,7 @@ def _check_cu(cu: Any, name: str, t: Any, max_len: int, max_name: str) -> tuple[
         raise _fail(name, "expected a 1-D int32 tensor [0, len0, len0+len1, ...] with batch+1 entries")
     if cu.device != t.device:
         raise _fail(name, f"device {cu.device} differs from the tensors' {t.device}")
-    host = cu.tolist()  # one small sync; varlen inputs are validated once per call
+    host = cu.tolist()  # one small sync; varlen inputs are validated once per cu_seqlens tensor
     if host[0] != 0:
         raise _fail(name, f"must start at 0, starts at {host[0]}")
     lengths = [b - a for a, b in itertools.pairwise(host)]

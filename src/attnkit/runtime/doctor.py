@@ -1,4 +1,6 @@
-"""`attnkit doctor`: what this machine is, which backends work, and which one serves standard shapes."""
+"""`attnkit doctor`: what this machine is, which backends work, and which one serves standard shapes (with
+the selection row that decided it). Doctor also imports the libraries the probe defers because their import
+is slow (FlashAttention-4), so it tells whether they really load."""
 
 from __future__ import annotations
 
@@ -19,31 +21,59 @@ def standard_calls(device: str) -> dict[str, AttentionCall]:
                          window=None, alibi=False, bias=False, varlen=False, requires_grad=True)
     return {
         "train causal D128": base,
-        "GQA 32/8 heads": replace(base, heads=32, kv_heads=8),
+        "train GQA 32/8 heads": replace(base, heads=32, kv_heads=8),
+        "inference causal D128": replace(base, requires_grad=False),
         "decode Sq=1 Sk=4096": replace(base, seqlen_q=1, causal=False, requires_grad=False, batch=64),
+        "chunked prefill Sq=512 Sk=4096": replace(base, seqlen_q=512, requires_grad=False),
+        "small B=4 S=256 D=64": replace(base, batch=4, seqlen_q=256, seqlen_k=256, head_dim=64, head_dim_v=64),
         "head_dim 256": replace(base, head_dim=256, head_dim_v=256),
-        "varlen packed": replace(base, varlen=True),
+        "varlen packed": replace(base, varlen=True, lengths_q=(4096, 1000), lengths_k=(4096, 1000)),
         "sliding window 1024": replace(base, window=(1024, 0)),
         "fp32": replace(base, dtype="float32", head_dim=64, head_dim_v=64),
     }
 
 
-def report(p: Probe | None = None) -> dict[str, Any]:
+def import_deferred(p: Probe) -> dict[str, dict[str, Any]]:
+    """Import every installed library whose import the probe deferred: name -> {loads, error, import_s}."""
+    import time
+
+    out: dict[str, dict[str, Any]] = {}
+    for lib in p.libraries:
+        if lib.checked or not lib.installed or p.torch is None:
+            continue
+        backend = next(b for b in REGISTRY.values() if b.library == lib.name)
+        t0 = time.perf_counter()
+        try:
+            backend.import_library()
+            out[lib.name] = {"loads": True, "error": None, "import_s": round(time.perf_counter() - t0, 2)}
+        except Exception as exc:
+            out[lib.name] = {"loads": False, "error": str(exc), "import_s": round(time.perf_counter() - t0, 2)}
+    return out
+
+
+def report(p: Probe | None = None, deep: bool = True) -> dict[str, Any]:
+    from attnkit.runtime.priority import order_for
     from attnkit.runtime.select import SELECTOR, NoBackendError
 
     p = p or probe()
+    imported = import_deferred(p) if deep else {}
     device = "cuda" if p.has_gpu and p.torch is not None and p.torch.cuda_available else "cpu"
     backends = {name: {"available": not b.unavailable(p), "reasons": b.unavailable(p)} for name, b in REGISTRY.items()}
     shapes: dict[str, Any] = {}
     for label, call in standard_calls(device).items():
+        row = order_for(call, p.capability(call.device_index) if device == "cuda" else None)[1]
         try:
             chosen = SELECTOR.select(call, p).name
-            shapes[label] = {"call": call.describe(), "backend": chosen}
+            shapes[label] = {"call": call.describe(), "backend": chosen, "row": row.label if row else "default"}
         except NoBackendError as exc:
             shapes[label] = {"call": call.describe(), "backend": None, "error": str(exc).splitlines()[0]}
     fast = [n for n, b in backends.items() if b["available"] and n != "sdpa_math"]
     healthy = (not p.has_gpu) or bool(fast and any(s["backend"] not in (None, "sdpa_math") for s in shapes.values()))
-    return {"probe": p.to_dict(), "device": device, "backends": backends, "shapes": shapes, "healthy": healthy}
+    doc: dict[str, Any] = {"probe": p.to_dict(), "device": device, "backends": backends, "shapes": shapes, "healthy": healthy}
+    for lib in doc["probe"]["libraries"]:
+        if lib["name"] in imported:
+            lib.update(imported[lib["name"]], checked=True)
+    return doc
 
 
 def run_doctor(as_json: bool = False) -> int:
@@ -70,10 +100,13 @@ def run_doctor(as_json: bool = False) -> int:
     for note in pr["notes"]:
         con.print(f"note: {note}")
     libs = Table(title="attention libraries")
-    for col in ("library", "version", "installed", "loads", "error"):
+    for col in ("library", "version", "installed", "loads", "detail", "error"):
         libs.add_column(col)
     for lib in pr["libraries"]:
-        libs.add_row(lib["name"], str(lib["version"] or "-"), str(lib["installed"]), str(lib["loads"]),
+        detail = lib.get("detail") or ""
+        if lib.get("import_s") is not None:
+            detail = f"{detail}; import {lib['import_s']} s".lstrip("; ")
+        libs.add_row(lib["name"], str(lib["version"] or "-"), str(lib["installed"]), str(lib["loads"]), detail,
                      lib["error"] or "")
     con.print(libs)
     bt = Table(title="backends")
@@ -87,8 +120,9 @@ def run_doctor(as_json: bool = False) -> int:
     st.add_column("shape")
     st.add_column("call")
     st.add_column("backend")
+    st.add_column("selection row")
     for label, s in rep["shapes"].items():
-        st.add_row(label, s["call"], s["backend"] or f"[red]none[/red] {s.get('error', '')}")
+        st.add_row(label, s["call"], s["backend"] or f"[red]none[/red] {s.get('error', '')}", s.get("row", ""))
     con.print(st)
     if not rep["healthy"]:
         con.print("[red]this machine has a GPU but no fast attention backend works[/red]")

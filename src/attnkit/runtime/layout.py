@@ -3,7 +3,10 @@ builder that encodes attnkit's semantics (bottom-right causal, windows, ALiBi) f
 
 from __future__ import annotations
 
+import functools
 from typing import Any
+
+MASK_CACHE_SIZE = 16  # dense masks kept per process (one S=16384 boolean mask is 256 MiB)
 
 
 def lengths_from_cu(cu_seqlens: Any) -> Any:
@@ -79,7 +82,7 @@ def allowed_mask(sq: int, sk: int, *, causal: bool, window: tuple[int, int] | No
         lq = torch.full((1, 1, 1), sq, device=device)
         lk = torch.full((1, 1, 1), sk, device=device)
     d = j - (i + lk - lq)  # distance from the aligned diagonal
-    ok = j < lk
+    ok = (j < lk).expand(-1, sq, -1)  # every row, also where no causal/window term broadcasts it
     if causal:
         ok = ok & (d <= 0)
     if window is not None:
@@ -107,6 +110,29 @@ def alibi_bias(slopes: Any, sq: int, sk: int, lengths_q: Any = None, lengths_k: 
     return -s[:, :, None, None] * dist[:, None]
 
 
+def dense_bias(ok: Any, dtype: Any, *, alibi_slopes: Any = None, attn_bias: Any = None, lengths_q: Any = None,
+               lengths_k: Any = None) -> Any:
+    """The additive float mask of a mask-based kernel: ALiBi + attn_bias, -inf where `ok` is False, each row
+    shifted so that its largest value is 0, then cast to the kernel's dtype.
+
+    Why the shift: softmax is shift-invariant per row, the cast is not. ALiBi reaches -slope * distance,
+    about -150 in rows far from the diagonal (more queries than keys, not causal), where bf16's spacing is
+    1.0: the cast moved logits by up to 0.5 (flash-attn's own test rule caught it; flash-attn keeps the bias
+    in fp32). Shifted, the values that carry the weight sit near 0, where the cast is exact to ~0.4%."""
+    import torch
+
+    sq, sk = ok.shape[-2], ok.shape[-1]
+    bias = torch.zeros((), dtype=torch.float32, device=ok.device)
+    if alibi_slopes is not None:
+        bias = bias + alibi_bias(alibi_slopes, sq, sk, lengths_q, lengths_k)
+    if attn_bias is not None:
+        bias = bias + attn_bias.float()
+    bias = bias.masked_fill(~ok, float("-inf"))
+    top = bias.detach().amax(dim=-1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros((), device=top.device))
+    return (bias - top).to(dtype)
+
+
 def safe_rows(ok: Any) -> tuple[Any, Any]:
     """(mask with a key opened in every empty row, empty-row mask (B|1, 1, sq, 1)).
 
@@ -119,3 +145,45 @@ def safe_rows(ok: Any) -> tuple[Any, Any]:
         first[0] = True
         ok = ok | (empty & first)
     return ok, empty
+
+
+@functools.lru_cache(maxsize=MASK_CACHE_SIZE)
+def cached_mask(sq: int, sk: int, causal: bool, window: tuple[int, int] | None, device: Any,
+                lengths: tuple[tuple[int, ...] | None, tuple[int, ...] | None] | None = None) -> tuple[Any, Any]:
+    """(allowed mask with one key opened in every row that sees none, those rows or None), cached per shape:
+    a window or varlen mask is built once, not on every call. `lengths` are the per-sequence (query, key)
+    lengths of a varlen call, unpacked to padding. Its one host sync (are there empty rows?) is paid here."""
+    import torch
+
+    lq = lk = None
+    if lengths is not None:
+        lq = torch.tensor(lengths[0], device=device)
+        lk = torch.tensor(lengths[1], device=device)
+    ok = allowed_mask(sq, sk, causal=causal, window=window, device=device, lengths_q=lq, lengths_k=lk)
+    ok, empty = safe_rows(ok)
+    return ok, (empty if bool(empty.any()) else None)
+
+
+def eager_sdpa(q: Any, k: Any, v: Any, *, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
+               scale: float | None = None, enable_gqa: bool = False, softcap: float = 0.0) -> Any:
+    """F.scaled_dot_product_attention's math, written out, for what SDPA has no argument for: softcap
+    (softcap * tanh(score / softcap), as flash-attn applies it to the scaled scores). (B, H, S, D) layout;
+    half-precision inputs are computed in float32."""
+    import torch
+
+    if enable_gqa and k.shape[-3] != q.shape[-3]:
+        g = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(g, dim=-3), v.repeat_interleave(g, dim=-3)
+    work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    scores = (q.to(work) @ k.to(work).transpose(-1, -2)) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    if is_causal:
+        attn_mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+    if attn_mask is not None:
+        scores = (scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool
+                  else scores + attn_mask.to(work))
+    p = torch.softmax(scores, dim=-1)
+    if dropout_p:
+        p = torch.nn.functional.dropout(p, dropout_p)
+    return (p @ v.to(work)).to(q.dtype)

@@ -14,6 +14,7 @@ import importlib.util
 import platform
 import sys
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -32,7 +33,9 @@ class GPU:
 
 @dataclass(frozen=True)
 class Library:
-    """An attention library as installed: `loads` is False when it imports but its extension does not."""
+    """An attention library as installed: `loads` is False when it imports but its extension does not.
+    `checked` is False for a library whose import the probe defers because it is slow (FlashAttention-4:
+    ~4.6 s); `attnkit doctor` imports it, and a backend that uses it finds out at its first call."""
 
     name: str
     module: str
@@ -40,6 +43,8 @@ class Library:
     installed: bool
     loads: bool
     error: str | None = None
+    checked: bool = True
+    detail: str | None = None  # e.g. the version of a runtime it depends on
 
 
 @dataclass(frozen=True)
@@ -78,7 +83,7 @@ class Probe:
     def fingerprint(self) -> str:
         """What a cached autotune result depends on: GPU, driver, torch, library versions."""
         gpu = self.gpus[0].name if self.gpus else "cpu"
-        libs = ",".join(f"{lib.name}={lib.version}" for lib in self.libraries if lib.loads)
+        libs = ",".join(f"{lib.name}={lib.version}" for lib in self.libraries if lib.installed)
         tv = self.torch.version if self.torch else "none"
         return f"{gpu}|driver={self.driver}|torch={tv}|{libs}"
 
@@ -159,18 +164,19 @@ def _short(exc: BaseException) -> str:
     return " ".join(keep)[:300]
 
 
-def _probe_import(name: str, dists: tuple[str, ...], module: str, extension: str) -> Library:
-    version = _dist_version(*dists)
-    if importlib.util.find_spec(module) is None:
-        return Library(name, module, version, installed=False, loads=False)
+def _probe_import(row: LibraryRow) -> Library:
+    version = _dist_version(*row.dists)
+    module = next((m for m in row.modules if importlib.util.find_spec(m)), row.modules[0])
+    if version is None and importlib.util.find_spec(row.extension or module) is None:
+        return Library(row.name, module, None, installed=False, loads=False)
     try:
-        importlib.import_module(extension)
+        importlib.import_module(row.extension or module)
     except Exception as exc:  # an extension built for another torch/CUDA: "undefined symbol", ...
-        return Library(name, module, version, installed=True, loads=False, error=_short(exc))
-    return Library(name, module, version, installed=True, loads=True)
+        return Library(row.name, module, version, installed=True, loads=False, error=_short(exc))
+    return Library(row.name, module, version, installed=True, loads=True)
 
 
-def _probe_xformers() -> Library:
+def _probe_xformers(row: LibraryRow) -> Library:
     version = _dist_version("xformers")
     if importlib.util.find_spec("xformers") is None:
         return Library("xformers", "xformers", version, installed=False, loads=False)
@@ -190,27 +196,58 @@ def _probe_xformers() -> Library:
     return Library("xformers", "xformers", version, installed=True, loads=True)
 
 
-# name, candidate modules (the first one installed is probed), distribution names, the extension that must load
-# (None: the module itself). One row per library; xformers' own loader is asked instead (_probe_xformers).
-LIBRARIES: tuple[tuple[str, tuple[str, ...], tuple[str, ...], str | None], ...] = (
-    ("flash-attn", ("flash_attn",), ("flash-attn", "flash_attn"), "flash_attn_2_cuda"),
-    ("flash-attn-3", ("flash_attn_interface", "flash_attn_3"), ("flash-attn-3", "flash_attn_3"), None),
-    ("xformers", ("xformers",), ("xformers",), None),
-    ("cudnn-frontend", ("cudnn",), ("nvidia-cudnn-frontend",), None),
+def _probe_deferred(row: LibraryRow) -> Library:
+    """Installed-ness from the distribution's own files, without importing anything (flash-attn-4 shares the
+    `flash_attn` package folder with flash-attn 2, whose import loads its CUDA extension)."""
+    version = _dist_version(*row.dists)
+    installed = False
+    if version is not None:
+        dist = md.distribution(next(d for d in row.dists if _dist_version(d) == version))
+        init = row.modules[0].replace(".", "/") + "/__init__.py"
+        installed = Path(str(dist.locate_file(init))).is_file()
+    detail = None
+    if row.runtime is not None:
+        rt = _dist_version(row.runtime)
+        detail = f"{row.runtime} {rt}" if rt else f"{row.runtime} is not installed"
+    note = "not imported yet: its import takes seconds; `attnkit doctor` imports it" if installed else None
+    return Library(row.name, row.modules[0], version, installed=installed, loads=False, error=note, checked=False,
+                   detail=detail)
+
+
+@dataclass(frozen=True)
+class LibraryRow:
+    """How to probe one attention library: its import names, distribution names, and the extension module
+    that must load (None: the module itself)."""
+
+    name: str
+    modules: tuple[str, ...]  # the first one installed is probed
+    dists: tuple[str, ...]
+    extension: str | None = None
+    deferred: bool = False  # slow to import: found from its files, imported only when used
+    runtime: str | None = None  # a distribution whose version doctor shows next to it
+    prober: Any = None  # a library whose own loader is asked instead (xformers)
+
+
+LIBRARIES: tuple[LibraryRow, ...] = (
+    LibraryRow("flash-attn", ("flash_attn",), ("flash-attn", "flash_attn"), "flash_attn_2_cuda"),
+    LibraryRow("flash-attn-3", ("flash_attn_interface", "flash_attn_3"), ("flash-attn-3", "flash_attn_3")),
+    LibraryRow("flash-attn-4", ("flash_attn.cute",), ("flash-attn-4",), deferred=True, runtime="nvidia-cutlass-dsl"),
+    LibraryRow("xformers", ("xformers",), ("xformers",), prober=_probe_xformers),
+    LibraryRow("cudnn-frontend", ("cudnn",), ("nvidia-cudnn-frontend",)),
 )
 
 
 def _libraries(with_torch: bool) -> tuple[Library, ...]:
     out = []
-    for name, modules, dists, extension in LIBRARIES:
-        module = next((m for m in modules if importlib.util.find_spec(m)), modules[0])
-        if not with_torch:
-            out.append(Library(name, module, _dist_version(*dists), importlib.util.find_spec(module) is not None,
-                               False, "torch is not installed"))
-        elif name == "xformers":
-            out.append(_probe_xformers())
+    for row in LIBRARIES:
+        if row.deferred:
+            out.append(_probe_deferred(row))
+        elif not with_torch:
+            module = next((m for m in row.modules if importlib.util.find_spec(m)), row.modules[0])
+            out.append(Library(row.name, module, _dist_version(*row.dists),
+                               importlib.util.find_spec(module) is not None, False, "torch is not installed"))
         else:
-            out.append(_probe_import(name, dists, module, extension or module))
+            out.append((row.prober or _probe_import)(row))
     return tuple(out)
 
 

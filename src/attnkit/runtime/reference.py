@@ -23,7 +23,7 @@ def _row_range(i: int, lq: int, lk: int, causal: bool, window: tuple[int, int] |
 
 
 def _one(q: Any, k: Any, v: Any, scale: float, causal: bool, window: tuple[int, int] | None,
-         slopes: Any, bias: Any) -> Any:
+         slopes: Any, bias: Any, softcap: float = 0.0) -> Any:
     """q (sq, H, D), k/v (sk, Hkv, D) -> (sq, H, Dv); float64."""
     import torch
 
@@ -34,6 +34,8 @@ def _one(q: Any, k: Any, v: Any, scale: float, causal: bool, window: tuple[int, 
     for head in range(h):
         kh, vh = k[:, head // g], v[:, head // g]
         scores = (q[:, head] @ kh.T) * scale  # (sq, sk)
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
         if bias is not None:
             scores = scores + bias[head]
         for i in range(sq):
@@ -51,8 +53,8 @@ def _one(q: Any, k: Any, v: Any, scale: float, causal: bool, window: tuple[int, 
 
 def reference_attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float | None = None,
                         window: tuple[int, int] | None = None, alibi_slopes: Any = None, attn_bias: Any = None,
-                        cu_seqlens_q: Any = None, cu_seqlens_k: Any = None, max_seqlen_q: int | None = None,
-                        max_seqlen_k: int | None = None) -> Any:
+                        softcap: float = 0.0, cu_seqlens_q: Any = None, cu_seqlens_k: Any = None,
+                        max_seqlen_q: int | None = None, max_seqlen_k: int | None = None) -> Any:
     """Same arguments and layout as attention() (no dropout); returns float64."""
     import torch
 
@@ -66,7 +68,7 @@ def reference_attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax
         for b in range(len(cq) - 1):
             sl = alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
             outs.append(_one(q64[cq[b]:cq[b + 1]], k64[ck[b]:ck[b + 1]], v64[ck[b]:ck[b + 1]], scale, causal,
-                             window, sl, None))
+                             window, sl, None, softcap))
         return torch.cat(outs, dim=0)
     outs = []
     for b in range(q.shape[0]):
@@ -75,5 +77,5 @@ def reference_attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax
         if attn_bias is not None:
             full = attn_bias.double().expand(q.shape[0], q.shape[2], q.shape[1], k.shape[1])
             bb = full[b]
-        outs.append(_one(q64[b], k64[b], v64[b], scale, causal, window, sl, bb))
+        outs.append(_one(q64[b], k64[b], v64[b], scale, causal, window, sl, bb, softcap))
     return torch.stack(outs, dim=0)

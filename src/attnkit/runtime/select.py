@@ -1,9 +1,6 @@
-"""Choosing a backend: a priority list per GPU architecture, an explicit override, an autotune mode with an
-on-disk cache, and memory of backends that failed at run time.
-
-Priorities come from measurement: on Hopper, cuDNN attention through SDPA is ~1.7-1.9x faster than
-FlashAttention-2 for bf16 (shared/FACTS.md, docs/results/*-h200-bench.json); on Ampere, FlashAttention-2 is
-the reference fast kernel; on Volta (sm70) only xformers and SDPA mem-efficient/math run.
+"""Choosing a backend: the priority order for the call (runtime/priority.py: per architecture and call
+class, as data with its measurements), an explicit override, an autotune mode with an on-disk cache, and
+memory of backends that failed at run time.
 """
 
 from __future__ import annotations
@@ -19,20 +16,11 @@ from typing import Any
 
 from attnkit.runtime.backends import REGISTRY, Backend
 from attnkit.runtime.call import AttentionCall
+from attnkit.runtime.priority import order_for
 from attnkit.runtime.probe import Probe
 
-# (minimum compute capability, priority list); the first row whose minimum the GPU meets applies.
-PRIORITY: tuple[tuple[tuple[int, int], tuple[str, ...]], ...] = (
-    ((10, 0), ("sdpa_cudnn", "cudnn_ragged", "sdpa_cudnn_varlen", "flash_attn2", "sdpa_flash", "torch_varlen", "xformers", "sdpa_efficient", "sdpa_math")),
-    ((9, 0), ("sdpa_cudnn", "cudnn_ragged", "sdpa_cudnn_varlen", "flash_attn3", "flash_attn2", "sdpa_flash", "torch_varlen", "xformers",
-              "sdpa_efficient", "sdpa_math")),
-    ((8, 0), ("flash_attn2", "sdpa_flash", "torch_varlen", "sdpa_cudnn", "xformers", "sdpa_efficient", "sdpa_math")),
-    ((0, 0), ("xformers", "sdpa_efficient", "sdpa_math")),
-)
-CPU_PRIORITY: tuple[str, ...] = ("sdpa_cpu", "sdpa_math")
 ENV_BACKEND = "ATTNKIT_BACKEND"
 ENV_AUTOTUNE = "ATTNKIT_AUTOTUNE"
-ENV_CACHE = "ATTNKIT_CACHE_DIR"
 
 
 class NoBackendError(RuntimeError):
@@ -40,13 +28,8 @@ class NoBackendError(RuntimeError):
 
 
 def priority_for(call: AttentionCall, probe: Probe) -> tuple[str, ...]:
-    if call.device != "cuda":
-        return CPU_PRIORITY
-    cap = probe.capability(call.device_index) or (0, 0)
-    for minimum, order in PRIORITY:
-        if cap >= minimum:
-            return order
-    return PRIORITY[-1][1]
+    cap = probe.capability(call.device_index) if call.device == "cuda" else None
+    return order_for(call, cap)[0]
 
 
 def explain(call: AttentionCall, probe: Probe, names: list[str] | None = None) -> dict[str, list[str]]:
@@ -61,9 +44,9 @@ def _format_all(call: AttentionCall, why: dict[str, list[str]], head: str) -> st
 
 
 def _cache_path() -> Path:
-    base = os.environ.get(ENV_CACHE) or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "attnkit")
-    return Path(base) / "autotune.json"
+    from attnkit._io import cache_dir
+
+    return cache_dir() / "autotune.json"
 
 
 class Selector:
@@ -74,7 +57,7 @@ class Selector:
         self.demoted: dict[tuple[Any, ...], set[str]] = {}  # bucket -> backends that failed at run time
         self.tuned: dict[str, str] = {}  # "<fingerprint>|<bucket>" -> backend name
         self._warned: set[tuple[str, str]] = set()
-        self.generation = 0  # bumped whenever a decision changes; part of attention()'s fast-path key
+        self._listeners: list[Callable[[], None]] = []  # told whenever a decision may change (caches drop)
         self._disk_loaded = False
         self.autotune = os.environ.get(ENV_AUTOTUNE, "") not in ("", "0")
         self.forced = os.environ.get(ENV_BACKEND) or None
@@ -87,7 +70,14 @@ class Selector:
             self._disk_loaded = False
             self.autotune = os.environ.get(ENV_AUTOTUNE, "") not in ("", "0")
             self.forced = os.environ.get(ENV_BACKEND) or None
-            self.generation += 1
+        self.changed()
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
+
+    def changed(self) -> None:
+        for listener in self._listeners:
+            listener()
 
     # -- explicit choice -------------------------------------------------------------------------------
     def explicit(self, name: str, call: AttentionCall, probe: Probe, source: str) -> Backend:
@@ -121,13 +111,13 @@ class Selector:
     def demote(self, backend: str, call: AttentionCall, exc: BaseException) -> None:
         with self._lock:
             self.demoted.setdefault(call.bucket(), set()).add(backend)
-            self.generation += 1
             key = (backend, type(exc).__name__)
             if key not in self._warned:
                 self._warned.add(key)
                 first = (str(exc).strip().splitlines() or [""])[0][:200]
                 warnings.warn(f"attnkit: backend {backend} failed at run time ({type(exc).__name__}: {first}); "
                               f"falling back for calls like {call.describe()}", RuntimeWarning, stacklevel=4)
+        self.changed()
 
     # -- autotune --------------------------------------------------------------------------------------
     def _key(self, call: AttentionCall, probe: Probe) -> str:
@@ -172,7 +162,6 @@ class Selector:
             best = min(times, key=lambda n: times[n])
             self.tuned[key] = best
             self._save_disk()
-            self.generation += 1
             return REGISTRY[best]
 
 

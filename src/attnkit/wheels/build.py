@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attnkit._io import cache_dir
 from attnkit.errors import AttnkitError
 from attnkit.matrix import naming
 from attnkit.wheels import pyenv
@@ -32,12 +33,6 @@ from attnkit.wheels.recipe import BuildSpec, format_archs
 from attnkit.wheels.toolkit import Toolkit, check_major, resolve_toolkit
 
 _PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]")
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("ATTNKIT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "attnkit")
-    return Path(base)
 
 
 def _meminfo_gib() -> dict[str, float]:

@@ -1,8 +1,14 @@
-"""Shared run() for the four torch SDPA sub-backends; each sub-backend module only declares its limits.
+"""Shared bind() for torch SDPA: the `sdpa` backend (torch's own kernel choice) and the forced sub-backends
+(`sdpa_cudnn`, `sdpa_flash`, `sdpa_efficient`, `sdpa_math`, `sdpa_cpu`); each module only declares limits.
 
 Converts attnkit's (B, S, H, D) / varlen semantics to SDPA's (B, H, S, D) with top-left `is_causal`:
 bottom-right causal with seqlen_q != seqlen_k goes through torch's `causal_lower_right` bias where the
-kernel supports it, otherwise through an explicit mask from `layout.allowed_mask`.
+kernel supports it, otherwise through an explicit mask from `layout.allowed_mask`, built once per shape.
+
+The route to the kernel is decided once per call signature, never per call: a forced sub-backend calls
+F.scaled_dot_product_attention plainly (the very call a user writes) when torch's own choice for this call
+already is that kernel (`torch._fused_sdp_choice`, asked at bind time); only when it is not does the runner
+pay for the `sdpa_kernel` context, which costs ~15-25 us per call (shared/FACTS.md; 20 us on CPU here).
 """
 
 from __future__ import annotations
@@ -12,8 +18,8 @@ import math
 from typing import Any
 
 from attnkit.runtime import layout
-from attnkit.runtime.backends.base import Backend, Params
-from attnkit.runtime.call import AttentionCall
+from attnkit.runtime.backends.base import Backend, Limits, Runner
+from attnkit.runtime.call import AttentionCall, Params
 
 
 @functools.cache
@@ -23,8 +29,17 @@ def _sdp_backend(name: str) -> Any:
     return getattr(SDPBackend, name)
 
 
+@functools.lru_cache(maxsize=layout.MASK_CACHE_SIZE)
+def _empty_rows_lower_right(sq: int, sk: int, device: Any) -> Any:
+    """(1, 1, sq, 1): the first sq - sk queries of bottom-right causal with sq > sk see no key."""
+    import torch
+
+    return (torch.arange(sq, device=device) < sq - sk).view(1, 1, sq, 1)
+
+
 class SdpaBackend(Backend):
-    sdp_name: str = ""  # torch.nn.attention.SDPBackend member
+    limits: Limits = Limits()  # one set of limits: torch's kernels do not differ per architecture here
+    sdp_name: str | None = None  # torch.nn.attention.SDPBackend member to force; None = torch's own choice
     # Where torch's CausalBias (lower_right) is exact for this kernel, so no dense mask is needed:
     # "any", "wide" (only seqlen_q <= seqlen_k; measured wrong for sdpa_efficient when seqlen_q > seqlen_k
     # on the H200, torch 2.11), or "none".
@@ -35,63 +50,101 @@ class SdpaBackend(Backend):
             from torch.nn.attention import SDPBackend
         except ImportError:
             return ["this torch has no torch.nn.attention.SDPBackend (needs torch >= 2.3)"]
-        if not hasattr(SDPBackend, self.sdp_name):
+        if self.sdp_name is not None and not hasattr(SDPBackend, self.sdp_name):
             return [f"this torch has no SDPBackend.{self.sdp_name}"]
         return []
 
-    def run(self, q: Any, k: Any, v: Any, call: AttentionCall, p: Params) -> Any:
-        import torch.nn.functional as F
-        from torch.nn.attention import sdpa_kernel
+    def _lower_right_ok(self, sq: int, sk: int) -> bool:
+        return self.causal_bias == "any" or (self.causal_bias == "wide" and sq <= sk)
 
-        lengths_q = lengths_k = idx_q = None
-        if call.varlen:
-            lengths_q = layout.lengths_from_cu(p.cu_seqlens_q)
-            lengths_k = layout.lengths_from_cu(p.cu_seqlens_k)
-            idx_q = layout.varlen_indices(p.cu_seqlens_q, call.seqlen_q)
-            idx_k = layout.varlen_indices(p.cu_seqlens_k, call.seqlen_k)
-            q = layout.unpack(q, idx_q, call.batch, call.seqlen_q)
-            k = layout.unpack(k, idx_k, call.batch, call.seqlen_k)
-            v = layout.unpack(v, idx_k, call.batch, call.seqlen_k)
-        kwargs: dict[str, Any] = {"dropout_p": p.dropout_p}
+    def bind(self, call: AttentionCall, p: Params, q: Any, k: Any, v: Any) -> Runner:
+        import torch.nn.functional as F
+
+        sdpa = F.scaled_dot_product_attention
+        if call.softcap:  # SDPA has no softcap argument: the same math, written out (limits allow sdpa_math only)
+            sdpa = functools.partial(layout.eager_sdpa, softcap=p.softcap)
+        device = q.device
+        kw: dict[str, Any] = {}
+        if p.dropout_p:
+            kw["dropout_p"] = p.dropout_p
         if abs(p.scale * math.sqrt(call.head_dim) - 1.0) > 1e-12:  # SDPA's default is 1/sqrt(head_dim)
-            kwargs["scale"] = p.scale
-        if call.gqa:
-            if self.limits.gqa == "native":
-                kwargs["enable_gqa"] = True
-            else:
-                k, v = layout.expand_kv(k, call.heads), layout.expand_kv(v, call.heads)
-        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            kw["scale"] = p.scale
+        expand = call.gqa and self.limits.gqa == "expand"
+        if call.gqa and not expand:
+            kw["enable_gqa"] = True
         sq, sk = call.seqlen_q, call.seqlen_k
-        needs_mask = call.varlen or call.window is not None or call.alibi or call.bias
+        needs_mask = call.varlen or call.window is not None or call.alibi or call.bias or call.softcap
         empty = None
+        bias_object = False
         if not needs_mask and (not call.causal or sq == sk):
-            kwargs["is_causal"] = call.causal
-        elif not needs_mask and (self.causal_bias == "any" or (self.causal_bias == "wide" and sq <= sk)):
+            if call.causal:
+                kw["is_causal"] = True
+        elif not needs_mask and self._lower_right_ok(sq, sk):
             from torch.nn.attention.bias import causal_lower_right
 
-            kwargs["attn_mask"] = causal_lower_right(sq, sk)
-            if sq > sk:  # the first sq - sk queries see no key
-                empty = (layout.allowed_mask(sq, sk, causal=True, window=None, device=q.device)
-                         .any(-1, keepdim=True).logical_not())
+            kw["attn_mask"] = causal_lower_right(sq, sk)
+            bias_object = True
+            if sq > sk:
+                empty = _empty_rows_lower_right(sq, sk, device)
         else:
-            ok = layout.allowed_mask(sq, sk, causal=call.causal, window=call.window, device=q.device,
-                                     lengths_q=lengths_q, lengths_k=lengths_k)
-            ok, empty = layout.safe_rows(ok)
-            if call.alibi or call.bias:
-                bias = qt.new_zeros(())
-                if call.alibi:
-                    bias = bias + layout.alibi_bias(p.alibi_slopes, sq, sk, lengths_q, lengths_k).to(qt.dtype)
-                if call.bias:
-                    bias = bias + p.attn_bias.to(qt.dtype)
-                kwargs["attn_mask"] = bias.masked_fill(~ok, float("-inf"))
+            lengths = (call.lengths_q, call.lengths_k) if call.varlen else None
+            ok, empty = layout.cached_mask(sq, sk, call.causal, call.window, device, lengths)
+            if call.alibi or call.bias:  # values differ per call: these calls are never cached (attention())
+                lq = lk = None
+                if call.varlen:
+                    lq, lk = layout.lengths_from_cu(p.cu_seqlens_q), layout.lengths_from_cu(p.cu_seqlens_k)
+                kw["attn_mask"] = layout.dense_bias(ok, q.dtype, alibi_slopes=p.alibi_slopes,
+                                                    attn_bias=p.attn_bias, lengths_q=lq, lengths_k=lk)
             else:
-                kwargs["attn_mask"] = ok
-        with sdpa_kernel([_sdp_backend(self.sdp_name)]):
-            out = F.scaled_dot_product_attention(qt, kt, vt, **kwargs)
-        if empty is not None:
-            out = out.masked_fill(empty, 0.0)
-        out = out.transpose(1, 2)
-        if call.varlen:
-            assert idx_q is not None
-            out = out.reshape(call.batch * sq, *out.shape[2:]).index_select(0, idx_q)
-        return out
+                kw["attn_mask"] = ok
+
+        idx_q = idx_k = None
+        if call.varlen:  # indices into the padded buffer: computed once per cu_seqlens, not per call
+            idx_q = layout.varlen_indices(p.cu_seqlens_q, sq)
+            idx_k = layout.varlen_indices(p.cu_seqlens_k, sk)
+        batch, heads = call.batch, call.heads
+
+        def run(q: Any, k: Any, v: Any) -> Any:
+            if idx_q is not None:
+                q = layout.unpack(q, idx_q, batch, sq)
+                k = layout.unpack(k, idx_k, batch, sk)
+                v = layout.unpack(v, idx_k, batch, sk)
+            if expand:
+                k, v = layout.expand_kv(k, heads), layout.expand_kv(v, heads)
+            out = sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kw)
+            if empty is not None:  # all-False unless some row sees no key: no host sync to find out
+                out = out.masked_fill(empty, 0.0)
+            out = out.transpose(1, 2)
+            if idx_q is not None:
+                out = out.reshape(batch * sq, *out.shape[2:]).index_select(0, idx_q)
+            return out
+
+        if not (idx_q is not None or expand or empty is not None):
+            def run(q: Any, k: Any, v: Any) -> Any:  # the plain call, nothing around it
+                return sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kw).transpose(1, 2)
+
+        if self.sdp_name is None or call.softcap or (not bias_object and self._torch_picks_it(q, k, v, call, kw)):
+            return run
+        chosen = [_sdp_backend(self.sdp_name)]
+        from torch.nn.attention import sdpa_kernel
+
+        def forced(q: Any, k: Any, v: Any) -> Any:
+            with sdpa_kernel(chosen):
+                return run(q, k, v)
+        return forced
+
+    def _torch_picks_it(self, q: Any, k: Any, v: Any, call: AttentionCall, kw: dict[str, Any]) -> bool:
+        """Would a plain F.scaled_dot_product_attention call run this backend's kernel anyway?"""
+        import torch
+
+        choice = getattr(torch, "_fused_sdp_choice", None)
+        if choice is None or call.varlen or (self.limits.gqa == "expand" and call.gqa):
+            return False
+        try:
+            picked = choice(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                            attn_mask=kw.get("attn_mask"), dropout_p=kw.get("dropout_p", 0.0),
+                            is_causal=kw.get("is_causal", False), scale=kw.get("scale"),
+                            enable_gqa=kw.get("enable_gqa", False))
+        except Exception:  # an older torch's signature, or an input it rejects: force, to be safe
+            return False
+        return int(picked) == int(_sdp_backend(self.sdp_name))

@@ -6,12 +6,16 @@ a backend can serve a call is decided here, never inside the backend's own code.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from attnkit.runtime.call import AttentionCall, Params
+
 if TYPE_CHECKING:
-    from attnkit.runtime.call import AttentionCall
     from attnkit.runtime.probe import Probe
+
+Runner = Callable[[Any, Any, Any], Any]  # (q, k, v) -> out, everything else bound
 
 
 @dataclass(frozen=True)
@@ -21,6 +25,7 @@ class Limits:
     max_capability: tuple[int, int] | None = None
     dtypes: frozenset[str] = frozenset({"float16", "bfloat16"})
     max_head_dim: int = 256
+    extra_head_dims: frozenset[int] = frozenset()  # head dims served above max_head_dim (dedicated kernels)
     head_dim_multiple: int = 1
     head_dim_v_differs: bool = False  # may v's head_dim differ from q/k's?
     gqa: Literal["native", "expand"] = "native"  # expand = k/v heads are materialised to q's count
@@ -34,13 +39,40 @@ class Limits:
     alibi: bool = False
     bias: bool = False
     dropout: bool = False
+    softcap: bool = False
     backward: bool = True
     deterministic_backward: bool = False
 
 
-def reasons(limits: Limits, call: AttentionCall, capability: tuple[int, int] | None) -> list[str]:
+@dataclass(frozen=True)
+class ArchLimits:
+    """Limits that hold on compute capabilities [min_capability, max_capability] (a library whose kernels
+    differ per architecture, like FlashAttention-4's sm90 / sm100 / sm120 paths, declares one row each)."""
+
+    min_capability: tuple[int, int]
+    max_capability: tuple[int, int]
+    limits: Limits
+
+
+def _cc(c: tuple[int, int]) -> str:
+    return f"{c[0]}.{c[1]}"
+
+
+def reasons(limits: Limits | tuple[ArchLimits, ...], call: AttentionCall,
+            capability: tuple[int, int] | None) -> list[str]:
     """Every reason `limits` rule out `call` on a device of `capability`; [] means it can serve."""
     out: list[str] = []
+    if isinstance(limits, tuple):  # per-architecture rows: the row for this GPU, or why there is none
+        rows = limits
+        if call.device == "cuda" and capability is not None:
+            row = next((r for r in rows if r.min_capability <= capability <= r.max_capability), None)
+            if row is None:
+                spans = ", ".join(_cc(r.min_capability) if r.min_capability == r.max_capability
+                                  else f"{_cc(r.min_capability)}-{_cc(r.max_capability)}" for r in rows)
+                return [f"has kernels for compute capability {spans}, GPU is sm{capability[0]}{capability[1]}"]
+            limits = row.limits
+        else:
+            limits = rows[0].limits
     if call.device not in limits.devices:
         out.append(f"runs on {'/'.join(sorted(limits.devices))}, not {call.device}")
     elif call.device == "cuda" and capability is not None:
@@ -51,8 +83,10 @@ def reasons(limits: Limits, call: AttentionCall, capability: tuple[int, int] | N
             out.append(f"needs compute capability <= {limits.max_capability[0]}.{limits.max_capability[1]}, GPU is {cc}")
     if call.dtype not in limits.dtypes:
         out.append(f"dtype {call.dtype} not supported (supports {', '.join(sorted(limits.dtypes))})")
-    if max(call.head_dim, call.head_dim_v) > limits.max_head_dim:
-        out.append(f"head_dim {max(call.head_dim, call.head_dim_v)} > {limits.max_head_dim}")
+    widest = max(call.head_dim, call.head_dim_v)
+    if widest > limits.max_head_dim and widest not in limits.extra_head_dims:
+        extra = f" (or exactly {', '.join(map(str, sorted(limits.extra_head_dims)))})" if limits.extra_head_dims else ""
+        out.append(f"head_dim {widest} > {limits.max_head_dim}{extra}")
     if call.head_dim % limits.head_dim_multiple or call.head_dim_v % limits.head_dim_multiple:
         out.append(f"head_dim must be a multiple of {limits.head_dim_multiple}")
     if call.head_dim_v != call.head_dim and not limits.head_dim_v_differs:
@@ -78,6 +112,8 @@ def reasons(limits: Limits, call: AttentionCall, capability: tuple[int, int] | N
         out.append("no attn_bias support")
     if call.dropout and not limits.dropout:
         out.append("no dropout support")
+    if call.softcap and not limits.softcap:
+        out.append("no softcap support")
     if call.requires_grad and not limits.backward:
         out.append("forward only (no backward)")
     if call.deterministic and not limits.deterministic_backward:
@@ -85,27 +121,11 @@ def reasons(limits: Limits, call: AttentionCall, capability: tuple[int, int] | N
     return out
 
 
-@dataclass
-class Params:
-    """Runtime values a backend needs beyond the call's description."""
-
-    scale: float
-    dropout_p: float
-    window: tuple[int, int] | None
-    alibi_slopes: Any = None
-    attn_bias: Any = None
-    cu_seqlens_q: Any = None
-    cu_seqlens_k: Any = None
-    max_seqlen_q: int | None = None
-    max_seqlen_k: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
 class Backend:
-    """A backend: a name, limits as data, an availability check, and run()."""
+    """A backend: a name, limits as data, an availability check, run() and bind()."""
 
     name: str = ""
-    limits: Limits = Limits()
+    limits: Limits | tuple[ArchLimits, ...] = Limits()
     library: str | None = None  # probe's library name this backend needs, if any
 
     def unavailable(self, probe: Probe) -> list[str]:
@@ -116,12 +136,15 @@ class Backend:
             lib = probe.library(self.library)
             if lib is None or not lib.installed:
                 return [f"{self.library} is not installed"]
-            if not lib.loads:
+            if lib.checked and not lib.loads:
                 return [f"{self.library} {lib.version} does not load: {lib.error}"]
         return self.extra_unavailable(probe)
 
     def extra_unavailable(self, probe: Probe) -> list[str]:
         return []
+
+    def import_library(self) -> None:
+        """Import the backend's library now (for a library whose import the probe defers because it is slow)."""
 
     def check(self, call: AttentionCall, probe: Probe) -> list[str]:
         why = self.unavailable(probe)
@@ -130,5 +153,17 @@ class Backend:
         cap = probe.capability(call.device_index) if call.device == "cuda" else None
         return reasons(self.limits, call, cap)
 
-    def run(self, q: Any, k: Any, v: Any, call: AttentionCall, p: Params) -> Any:  # pragma: no cover
-        raise NotImplementedError
+    def run(self, q: Any, k: Any, v: Any, call: AttentionCall, p: Params) -> Any:
+        """One call, nothing reused (the smoke and the bench's forced candidates go through bind() too)."""
+        return self.bind(call, p, q, k, v)(q, k, v)
+
+    def bind(self, call: AttentionCall, p: Params, q: Any, k: Any, v: Any) -> Runner:
+        """A runner specialised for `call`: whatever depends only on the call (arguments, masks, the route to
+        the kernel) is worked out here, once; the runner does the per-call work only. attention() caches it
+        per call signature, so a repeated call costs a dictionary lookup plus the kernel's own call.
+        q, k, v are this call's tensors, for backends whose route depends on them (strides, grad)."""
+        return lambda q, k, v: self.compute(q, k, v, call, p)
+
+    def compute(self, q: Any, k: Any, v: Any, call: AttentionCall, p: Params) -> Any:  # pragma: no cover
+        """The per-call work of a backend that has nothing to prepare (override bind() otherwise)."""
+        raise NotImplementedError(f"backend {self.name} defines neither compute() nor bind()")

@@ -18,8 +18,8 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from attnkit.runtime.backends.base import Backend, Limits, Params
-from attnkit.runtime.call import AttentionCall
+from attnkit.runtime.backends.base import Backend, Limits
+from attnkit.runtime.call import AttentionCall, Params
 
 GRAPH_CACHE_SIZE = 64
 MIN_CUDNN = 90500  # ragged offsets + padding mask + bottom-right causal, fwd and bwd, on Hopper
@@ -206,7 +206,7 @@ class CudnnRagged(Backend):
             return [f"needs cuDNN >= {MIN_CUDNN} for ragged attention (torch has {have or 'no cuDNN'})"]
         return []
 
-    def run(self, q: Any, k: Any, v: Any, call: AttentionCall, p: Params) -> Any:
+    def compute(self, q: Any, k: Any, v: Any, call: AttentionCall, p: Params) -> Any:
         import torch
 
         s = _Shape(call, p.scale)

@@ -1,12 +1,12 @@
-"""flash-attn 2 (`flash_attn`): native varlen, GQA, bottom-right causal, windows, ALiBi, dropout and a
+"""flash-attn 2 (`flash_attn`): native varlen, GQA, bottom-right causal, windows, ALiBi, softcap, dropout and a
 deterministic backward. Imported only when this backend is first used."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from attnkit.runtime.backends.base import Backend, Limits, Params
-from attnkit.runtime.call import AttentionCall
+from attnkit.runtime.backends.base import Backend, Limits, Runner
+from attnkit.runtime.call import AttentionCall, Params
 
 
 class FlashAttn2(Backend):
@@ -21,16 +21,21 @@ class FlashAttn2(Backend):
         window=True,
         alibi=True,
         dropout=True,
+        softcap=True,  # flash-attn >= 2.6
         deterministic_backward=True,
     )
 
-    def run(self, q: Any, k: Any, v: Any, call: AttentionCall, p: Params) -> Any:
+    def bind(self, call: AttentionCall, p: Params, q: Any, k: Any, v: Any) -> Runner:
         import flash_attn
 
-        window = p.window if p.window is not None else (-1, -1)
-        common = dict(dropout_p=p.dropout_p, softmax_scale=p.scale, causal=call.causal, window_size=window,
-                      alibi_slopes=p.alibi_slopes, deterministic=call.deterministic)
+        kw: dict[str, Any] = dict(dropout_p=p.dropout_p, softmax_scale=p.scale, causal=call.causal,
+                                  window_size=p.window if p.window is not None else (-1, -1),
+                                  alibi_slopes=p.alibi_slopes, deterministic=call.deterministic)
+        if call.softcap:
+            kw["softcap"] = p.softcap
         if call.varlen:
-            return flash_attn.flash_attn_varlen_func(q, k, v, p.cu_seqlens_q, p.cu_seqlens_k,
-                                                     p.max_seqlen_q, p.max_seqlen_k, **common)
-        return flash_attn.flash_attn_func(q, k, v, **common)
+            fn = flash_attn.flash_attn_varlen_func
+            cu_q, cu_k, mq, mk = p.cu_seqlens_q, p.cu_seqlens_k, p.max_seqlen_q, p.max_seqlen_k
+            return lambda q, k, v: fn(q, k, v, cu_q, cu_k, mq, mk, **kw)
+        dense = flash_attn.flash_attn_func
+        return lambda q, k, v: dense(q, k, v, **kw)

@@ -1,4 +1,5 @@
-"""flash-attn 3 (`flash_attn_interface`, Hopper only): fastest FlashAttention on sm90; no dropout, no ALiBi."""
+"""flash-attn 3 (`flash_attn_interface`, Hopper only): for users who built FA3 from flash-attention's hopper/
+folder themselves (it is in no PyPI release). No dropout, no ALiBi."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import importlib
 import importlib.util
 from typing import Any
 
-from attnkit.runtime.backends.base import Backend, Limits, Params
-from attnkit.runtime.call import AttentionCall
+from attnkit.runtime.backends.base import Backend, Limits, Runner
+from attnkit.runtime.call import AttentionCall, Params
 
 
 class FlashAttn3(Backend):
@@ -22,6 +23,7 @@ class FlashAttn3(Backend):
         gqa="native",
         varlen="native",
         window=True,
+        softcap=True,
         deterministic_backward=True,
     )
 
@@ -30,14 +32,24 @@ class FlashAttn3(Backend):
         name = "flash_attn_interface" if importlib.util.find_spec("flash_attn_interface") else "flash_attn_3"
         return importlib.import_module(name)
 
-    def run(self, q: Any, k: Any, v: Any, call: AttentionCall, p: Params) -> Any:
+    def bind(self, call: AttentionCall, p: Params, q: Any, k: Any, v: Any) -> Runner:
         fa3 = self._module()
-        window = p.window if p.window is not None else (-1, -1)
-        common = dict(softmax_scale=p.scale, causal=call.causal, window_size=window,
-                      deterministic=call.deterministic)
+        kw: dict[str, Any] = dict(softmax_scale=p.scale, causal=call.causal,
+                                  window_size=p.window if p.window is not None else (-1, -1),
+                                  deterministic=call.deterministic)
+        if call.softcap:
+            kw["softcap"] = p.softcap
         if call.varlen:
-            out = fa3.flash_attn_varlen_func(q, k, v, p.cu_seqlens_q, p.cu_seqlens_k, p.max_seqlen_q,
-                                             p.max_seqlen_k, **common)
-        else:
-            out = fa3.flash_attn_func(q, k, v, **common)
-        return out[0] if isinstance(out, tuple) else out  # some releases return (out, lse)
+            fn = fa3.flash_attn_varlen_func
+            cu_q, cu_k, mq, mk = p.cu_seqlens_q, p.cu_seqlens_k, p.max_seqlen_q, p.max_seqlen_k
+
+            def varlen(q: Any, k: Any, v: Any) -> Any:
+                out = fn(q, k, v, cu_q, cu_k, mq, mk, **kw)
+                return out[0] if type(out) is tuple else out  # some releases return (out, lse)
+            return varlen
+        dense = fa3.flash_attn_func
+
+        def run(q: Any, k: Any, v: Any) -> Any:
+            out = dense(q, k, v, **kw)
+            return out[0] if type(out) is tuple else out
+        return run

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnkit.runtime.backends.base import Backend, Limits, Params
-from attnkit.runtime.call import AttentionCall
+from attnkit.runtime.backends.base import Backend, Limits
+from attnkit.runtime.call import AttentionCall, Params
 
 BUCKET_OVERHEAD = 1 << 23  # cost of one more bucket (launches, host work) in (tokens^2) of padded work;
 # 1<<20..1<<25 measured on the H200 (16 seqs <= 4096, 16 heads, D128): 4 buckets at 1<<23 was fastest
@@ -63,7 +63,7 @@ class SdpaCudnnVarlen(Backend):
 
         return SdpaCudnn().extra_unavailable(probe)
 
-    def run(self, q: Any, k: Any, v: Any, call: AttentionCall, p: Params) -> Any:
+    def compute(self, q: Any, k: Any, v: Any, call: AttentionCall, p: Params) -> Any:
         import torch
         import torch.nn.functional as F
         from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -1,4 +1,5 @@
-"""torch SDPA, math sub-backend: the reference. Every device, every dtype, every feature; slowest."""
+"""torch SDPA, math sub-backend: the reference. Every device, every dtype, every feature; slowest. Softcap,
+which SDPA has no argument for, runs as the same math written out (layout.eager_sdpa)."""
 
 from attnkit.runtime.backends._sdpa import SdpaBackend
 from attnkit.runtime.backends.base import Limits
@@ -19,5 +20,6 @@ class SdpaMath(SdpaBackend):
         alibi=True,
         bias=True,
         dropout=True,
+        softcap=True,
         deterministic_backward=True,
     )

@@ -7,8 +7,8 @@ import functools
 import inspect
 from typing import Any
 
-from attnkit.runtime.backends.base import Backend, Limits, Params
-from attnkit.runtime.call import AttentionCall
+from attnkit.runtime.backends.base import Backend, Limits
+from attnkit.runtime.call import AttentionCall, Params
 
 
 @functools.cache
@@ -37,7 +37,7 @@ class TorchVarlen(Backend):
             return [f"torch {probe.torch.version} has no torch.nn.attention.varlen (needs torch >= 2.10)"]
         return []
 
-    def run(self, q: Any, k: Any, v: Any, call: AttentionCall, p: Params) -> Any:
+    def compute(self, q: Any, k: Any, v: Any, call: AttentionCall, p: Params) -> Any:
         from attnkit.runtime import layout
 
         fn, params = _varlen()

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from attnkit.runtime import layout
-from attnkit.runtime.backends.base import Backend, Limits, Params
-from attnkit.runtime.call import AttentionCall
+from attnkit.runtime.backends.base import Backend, Limits
+from attnkit.runtime.call import AttentionCall, Params
 
 
 class Xformers(Backend):
@@ -31,11 +31,12 @@ class Xformers(Backend):
         dropout=True,
     )
 
-    def run(self, q: Any, k: Any, v: Any, call: AttentionCall, p: Params) -> Any:
+    def compute(self, q: Any, k: Any, v: Any, call: AttentionCall, p: Params) -> Any:
         from xformers.ops import fmha
 
         bias: Any = None
         empty: Any = None
+        dense = False
         if call.varlen:
             assert call.lengths_q is not None and call.lengths_k is not None
             bd = fmha.attn_bias.BlockDiagonalMask.from_seqlens(list(call.lengths_q), list(call.lengths_k))
@@ -46,18 +47,15 @@ class Xformers(Backend):
             # key, and xformers' fp32 kernel left garbage there (max error 3.1 on the H200); one opened key
             # keeps them finite and they are zeroed after the kernel
             sq, sk = call.seqlen_q, call.seqlen_k
-            ok = layout.allowed_mask(sq, sk, causal=call.causal, window=None, device=q.device)
-            ok, empty = layout.safe_rows(ok)
+            ok, empty = layout.cached_mask(sq, sk, call.causal, None, q.device)
             # xformers wants the bias rows 8-element aligned: allocate padded, use a view
-            dense = q.new_zeros((call.batch, call.heads, sq, -(-sk // 8) * 8))[..., :sk]
-            if call.alibi:
-                dense = dense + layout.alibi_bias(p.alibi_slopes, sq, sk).to(q.dtype)
-            if call.bias:
-                dense = dense + p.attn_bias.to(q.dtype)
-            bias = dense.masked_fill(~ok, float("-inf"))
+            bias = q.new_empty((call.batch, call.heads, sq, -(-sk // 8) * 8))[..., :sk]
+            bias.copy_(layout.dense_bias(ok, q.dtype, alibi_slopes=p.alibi_slopes, attn_bias=p.attn_bias)
+                       .expand(call.batch, call.heads, sq, sk))
+            dense = True
         elif call.causal:
             bias = fmha.attn_bias.LowerTriangularFromBottomRightMask()
-        expand = call.gqa and (call.requires_grad or empty is not None)  # 5-D form: no backward, no dense bias
+        expand = call.gqa and (call.requires_grad or dense)  # 5-D form: no backward, no dense bias
         if expand:
             k, v = layout.expand_kv(k, call.heads), layout.expand_kv(v, call.heads)
         elif call.gqa:

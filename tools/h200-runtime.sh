@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The runtime issue's H200 run (device machine: no network, torch 2.11.0+cu130, Python 3.12, 64 MiB per transfer).
+# Steps, any of:  install  smoke  warmup  bench   (default: install smoke warmup)
+#   install  FlashAttention-4 (from ../shared/tools/fa4-bundle.sh's two halves: .fa4a copied to /root/fa4 by the
+#            previous command, .fa4b sent with this one) and .whl/*.whl (pydantic, nox and its deps,
+#            nvidia-cudnn-frontend, the xformers wheel built by `attnkit wheels build`) into python3's site-packages
+#   smoke    `nox -s smoke` (the README's main command) -> $OUT/<date>-h200-smoke.json, doctor in $OUT/doctor.txt
+#   warmup   `attnkit warmup` twice in fresh processes on an empty cache: cold (compiles) then warm (disk cache)
+#            -> $OUT/<date>-h200-fa4-warmup.json
+#   bench    `attnkit bench` -> $OUT/<date>-h200-bench.json + .png (BENCH_ARGS adds e.g. --shape LABEL)
+# Prepare here first:  ../shared/tools/fa4-bundle.sh  and the .whl folder (see docs/results/README.md).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+STEPS=${*:-install smoke warmup}
+DATE=$(date +%Y-%m-%d)
+export ATTNKIT_REPORT_DIR=$OUT ATTNKIT_MACHINE_LABEL=h200 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src
+site=$(python3 -c 'import site; print(site.getsitepackages()[0])')
+
+for step in $STEPS; do
+  echo "== $step ($(date +%T))"
+  case $step in
+  install)
+    if [ ! -f /root/fa4/.installed ]; then
+      cat /root/fa4/libs.part.00 .fa4b/libs.part.01 > /tmp/libs.tar.xz || exit 1
+      [ "$(sha256sum /tmp/libs.tar.xz | cut -d' ' -f1)" = "$(cat /root/fa4/libs.sha256)" ] || { echo "fa4 libs: sha256 mismatch"; exit 1; }
+      tar xJf /tmp/libs.tar.xz -C "$site" && rm /tmp/libs.tar.xz
+      python3 -m pip install -q --no-index --no-deps --no-compile /root/fa4/*.whl || exit 1
+      python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl || exit 1
+      touch /root/fa4/.installed
+    fi
+    python3 -m pip list 2>/dev/null | grep -iE "^(flash|nvidia-cutlass|xformers|nvidia-cudnn-frontend|torch |nox|pydantic )" ;
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv > "$OUT/nvidia-smi.txt" ;;
+  smoke)
+    t0=$(date +%s)
+    python3 -m nox -s smoke -- "$OUT/$DATE-h200-smoke.json" > "$OUT/smoke.log" 2>&1; echo "smoke rc=$? in $(( $(date +%s) - t0 )) s"
+    grep -E "^smoke:|FAILED" "$OUT/smoke.log" | head -40 ;;
+  warmup)
+    rm -rf /tmp/ak-cold && mkdir -p /tmp/ak-cold
+    for run in cold warm; do
+      ATTNKIT_CACHE_DIR=/tmp/ak-cold python3 -m attnkit.cli warmup --shapes tools/warmup-shapes.json \
+        --report "$OUT/warmup-$run.json" > "$OUT/warmup-$run.log" 2>&1; echo "warmup $run rc=$?"
+    done
+    python3 - "$OUT" "$DATE" <<'PY'
+import json, sys, os
+out, date = sys.argv[1], sys.argv[2]
+cold, warm = (json.load(open(os.path.join(out, f"warmup-{r}.json"))) for r in ("cold", "warm"))
+rows = [{"shape": c["shape"], "backend": c["backend"], "cold_first_call_s": c["first_call_s"],
+         "warm_first_call_s": w["first_call_s"], "steady_call_s": w["second_call_s"]}
+        for c, w in zip(cold["shapes"], warm["shapes"])]
+doc = {"date": date, "what": "attnkit warmup, run twice in fresh processes on one empty ATTNKIT_CACHE_DIR: "
+       "cold = FlashAttention-4 compiles, warm = its disk cache (in attnkit's cache folder)",
+       "gpu": cold["gpu"], "flash_attn4_import_s": {"cold": cold["flash_attn4_import_s"], "warm": warm["flash_attn4_import_s"]},
+       "total_s": {"cold": cold["total_s"], "warm": warm["total_s"]}, "cached_files": warm["flash_attn4_cached_files"],
+       "shapes": rows}
+json.dump(doc, open(os.path.join(out, f"{date}-h200-fa4-warmup.json"), "w"), indent=1)
+for r in rows:
+    print(r)
+print("total", doc["total_s"], "import", doc["flash_attn4_import_s"])
+PY
+    rm -f "$OUT"/warmup-cold.json "$OUT"/warmup-warm.json ;;
+  bench)
+    t0=$(date +%s)
+    python3 -m attnkit.cli bench --out "$OUT/$DATE-h200-bench.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
+    echo "bench rc=$? in $(( $(date +%s) - t0 )) s"; grep -E "^summary|below target" "$OUT/bench.log" | cut -c1-400 ;;
+  *) echo "unknown step $step"; exit 2 ;;
+  esac
+done
