@@ -62,3 +62,34 @@ def test_load_errors_are_one_line_and_keep_what_a_colon_announces():
     assert _short(ImportError("undefined symbol: _ZN3c10\nmore")) == "ImportError: undefined symbol: _ZN3c10"
     assert _short(OSError()) == "OSError:"
     assert len(_short(ValueError("x" * 1000))) == 300
+
+
+def test_xformers_loads_next_to_the_flash_attn_namespace_of_flash_attn_4(tmp_path, monkeypatch):
+    """xformers' flash module imports flash-attn 2 whenever find_spec('flash_attn') finds a package; with only
+    FlashAttention-4 installed that is a bare namespace and the import failed on the H200. attnkit's loader
+    hides the namespace for that import only (a stand-in xformers records what it saw)."""
+    import importlib
+    import importlib.util
+    import sys
+
+    from attnkit.runtime.backends import xformers as xf
+
+    (tmp_path / "flash_attn" / "cute").mkdir(parents=True)  # FA4's namespace package, no __init__.py
+    (tmp_path / "flash_attn" / "cute" / "__init__.py").write_text("")
+    fmha = tmp_path / "xformers" / "ops" / "fmha"
+    fmha.mkdir(parents=True)
+    for d in (tmp_path / "xformers", tmp_path / "xformers" / "ops"):
+        (d / "__init__.py").write_text("")
+    (fmha / "__init__.py").write_text("import importlib.util\nSAW_FLASH_ATTN = importlib.util.find_spec('flash_attn')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    xf.load_fmha.cache_clear()
+    try:
+        assert importlib.util.find_spec("flash_attn") is not None  # the namespace is really there
+        mod = xf.load_fmha()
+        assert mod.SAW_FLASH_ATTN is None
+        assert importlib.util.find_spec("flash_attn") is not None  # and only hidden during that import
+    finally:
+        xf.load_fmha.cache_clear()
+        for name in [m for m in sys.modules if m.split(".")[0] in ("xformers", "flash_attn")]:
+            del sys.modules[name]

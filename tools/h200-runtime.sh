@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The runtime issue's H200 run (device machine: no network, torch 2.11.0+cu130, Python 3.12, 64 MiB per transfer).
-# Steps, any of:  install  smoke  warmup  bench   (default: install smoke warmup)
+# Steps, any of:  install  smoke  warmup  bench  bench-wait   (default: install smoke warmup)
 #   install  FlashAttention-4 (from ../shared/tools/fa4-bundle.sh's two halves: .fa4a copied to /root/fa4 by the
 #            previous command, .fa4b sent with this one) and .whl/*.whl (pydantic, nox and its deps,
 #            nvidia-cudnn-frontend, the xformers wheel built by `attnkit wheels build`) into python3's site-packages
 #   smoke    `nox -s smoke` (the README's main command) -> $OUT/<date>-h200-smoke.json, doctor in $OUT/doctor.txt
 #   warmup   `attnkit warmup` twice in fresh processes on an empty cache: cold (compiles) then warm (disk cache)
 #            -> $OUT/<date>-h200-fa4-warmup.json
-#   bench    `attnkit bench` -> $OUT/<date>-h200-bench.json + .png (BENCH_ARGS adds e.g. --shape LABEL)
+#   bench    starts `attnkit bench` in the background (setsid: it may outlast one command, the machine stays while
+#            the next command follows within 30 s); BENCH_ARGS adds e.g. --shape LABEL
+#   bench-wait  waits for it (WAIT_S, default 540) -> $OUT/<date>-h200-bench.json + .png + bench.log
 # Prepare here first:  ../shared/tools/fa4-bundle.sh  and the .whl folder (see docs/results/README.md).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -60,9 +62,15 @@ print("total", doc["total_s"], "import", doc["flash_attn4_import_s"])
 PY
     rm -f "$OUT"/warmup-cold.json "$OUT"/warmup-warm.json ;;
   bench)
-    t0=$(date +%s)
-    python3 -m attnkit.cli bench --out "$OUT/$DATE-h200-bench.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
-    echo "bench rc=$? in $(( $(date +%s) - t0 )) s"; grep -E "^summary|below target" "$OUT/bench.log" | cut -c1-400 ;;
+    rm -rf /root/bench && mkdir -p /root/bench
+    (setsid bash -c "python3 -m attnkit.cli bench --out /root/bench/$DATE-h200-bench.json ${BENCH_ARGS:-} \
+       > /root/bench/bench.log 2>&1; echo \$? > /root/bench/DONE" &) ;;
+  bench-wait)
+    deadline=$(( $(date +%s) + ${WAIT_S:-540} ))
+    while [ ! -f /root/bench/DONE ] && [ "$(date +%s)" -lt $deadline ]; do sleep 5; done
+    cp /root/bench/* "$OUT"/ 2>/dev/null
+    if [ -f /root/bench/DONE ]; then echo "bench rc=$(cat /root/bench/DONE)"; else echo "bench still running"; fi
+    grep -E "^bench |^summary|below target" /root/bench/bench.log | cut -c1-300 ;;
   *) echo "unknown step $step"; exit 2 ;;
   esac
 done

@@ -332,8 +332,9 @@ def _library_call(lib: str, c: Case) -> Callable[[], Any] | None:
     if lib == "xformers":
         if s.window is not None or s.heads != s.kv_heads:
             return None  # no bias class for our windows; GQA needs its 5-D form
-        from xformers.ops import fmha
+        from attnkit.runtime.backends.xformers import load_fmha
 
+        fmha = load_fmha()
         if s.lengths is not None:
             bd = fmha.attn_bias.BlockDiagonalMask.from_seqlens(list(s.lengths))
             bias = bd.make_causal_from_bottomright() if s.causal else bd
@@ -421,7 +422,7 @@ def bench_shape(s: Shape, device: str, iters: int = 15, rounds: int = 5) -> dict
                         out["wrong"][n] = f"forward max error {e:.3g} > {tol}"
             runs = {n: fn for n, fn in runs.items() if n not in out["wrong"]}
             t_one = interleaved(runs, device, iters=2)
-            calls = max(3, min(200, int(5e-3 / max(1e-6, min(t_one.values())))))
+            calls = max(3, min(200, int(4e-3 / max(1e-6, min(t_one.values())))))
             sync = interleaved(runs, device, iters=iters, seed=1)
             b2b = interleaved(runs, device, iters=rounds, calls=calls, seed=2)
         for n in runs:
@@ -622,12 +623,15 @@ def run_bench(out: str | None = None, quick: bool = False, png: bool = True, onl
     repeats = sorted((dispatch_overhead(device, n=200 if quick else 2000) for _ in range(3)),
                      key=lambda r: r["overhead_us"])
     dispatch = {**repeats[1], "repeats_us": [round(r["overhead_us"], 3) for r in repeats]}
-    results = []
-    for s in shapes_to_run:
-        con.print(f"bench {s.label} ...")
-        results.append(bench_shape(s, device, iters=5 if quick else 15, rounds=3 if quick else 5))
+    results: list[dict[str, Any]] = []
     report: dict[str, Any] = {"environment": environment(), "device": device, "quick": quick, "shapes": results,
                               "dispatch": dispatch}
+    for s in shapes_to_run:
+        t0 = time.perf_counter()
+        results.append(bench_shape(s, device, iters=5 if quick else 12, rounds=3 if quick else 4))
+        con.print(f"bench {s.label}: {time.perf_counter() - t0:.1f} s")
+        if out:  # the report so far: a run cut short by a time limit still leaves every finished shape
+            write_atomic(Path(out), json.dumps({**report, "partial": True}, indent=1, default=str))
     report["summary"] = {**summarize(results), "dispatch_overhead_us": dispatch["overhead_us"],
                          "dispatch_wrapper_only_us": dispatch["wrapper_only_us"]}
     t = Table(title=f"attnkit bench on {device}: speed vs the plain SDPA call and vs the oracle (>=1: attnkit as fast)")

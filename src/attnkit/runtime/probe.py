@@ -191,6 +191,11 @@ def _probe_xformers(row: LibraryRow) -> Library:
             err = getattr(cpp, "_cpp_library_load_exception", None)
             return Library("xformers", "xformers", version, True, False,
                            error=_short(err) if err else "C++/CUDA extension did not load")
+        from attnkit.runtime.backends.xformers import load_fmha
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            load_fmha()  # the operators attnkit calls: they import flash-attn 2 when they find it
     except Exception as exc:
         return Library("xformers", "xformers", version, installed=True, loads=False, error=_short(exc))
     return Library("xformers", "xformers", version, installed=True, loads=True)
