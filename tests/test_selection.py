@@ -73,7 +73,7 @@ def test_features_route_to_capable_backends():
     assert pick(window=(256, 0)) == "sdpa_cudnn"
     assert pick(varlen=True, lengths_q=(3, 4), lengths_k=(3, 4)) == "sdpa_cudnn_varlen"
     assert pick(varlen=True, lengths_q=(3, 4), lengths_k=(5, 4)) == "torch_varlen"
-    assert pick(dtype="float32") == "sdpa"
+    assert pick(dtype="float32") == "sdpa_efficient"  # measured: k/v expanded beats torch's math fallback on GQA
     assert pick(dtype="float64") == "sdpa"
     assert pick(dtype="float16", head_dim=250, head_dim_v=250) == "sdpa"  # not a multiple of 8
     p2 = fake_probe((9, 0), ("flash-attn",))
@@ -268,14 +268,19 @@ def test_flash_attn4_limits_per_architecture():
         ("train D128 fp16", {"dtype": "float16"}, "flash_attn4"),
         ("inference D128", {"requires_grad": False}, "sdpa_cudnn"),
         ("train D256", {"head_dim": 256, "head_dim_v": 256}, "sdpa_cudnn"),
-        ("train D64", {"head_dim": 64, "head_dim_v": 64}, "sdpa_cudnn"),
+        ("train D64", {"head_dim": 64, "head_dim_v": 64}, "flash_attn4"),
+        ("train D128 short", {"batch": 2, "seqlen_q": 2048, "seqlen_k": 2048}, "sdpa_cudnn"),
+        ("long forward D128", {"requires_grad": False, "heads": 32, "kv_heads": 8}, "flash_attn4"),
         ("window", {"window": (1024, 0)}, "flash_attn4"),
         ("varlen", {"varlen": True, "lengths_q": (100, 7), "lengths_k": (100, 7)}, "flash_attn4"),
         ("chunked prefill", {"seqlen_q": 512, "requires_grad": False}, "flash_attn4"),
         ("decode", {"seqlen_q": 1, "causal": False, "requires_grad": False, "batch": 64}, "sdpa"),
-        ("spec decode", {"seqlen_q": 4, "requires_grad": False}, "sdpa"),
+        ("spec decode", {"seqlen_q": 4, "requires_grad": False, "batch": 16, "heads": 32, "kv_heads": 8}, "flash_attn4"),
+        ("tiny chunk", {"seqlen_q": 4, "seqlen_k": 256, "requires_grad": False, "batch": 1}, "sdpa"),
+        ("varlen short", {"varlen": True, "seqlen_q": 64, "seqlen_k": 64, "batch": 256, "head_dim": 64,
+                          "head_dim_v": 64, "lengths_q": (64, 1), "lengths_k": (64, 1)}, "torch_varlen"),
         ("small", {"batch": 4, "seqlen_q": 256, "seqlen_k": 256, "head_dim": 64, "head_dim_v": 64}, "sdpa"),
-        ("fp32", {"dtype": "float32"}, "sdpa"),
+        ("fp32", {"dtype": "float32"}, "sdpa_efficient"),
         ("cross", {"seqlen_q": 4096, "seqlen_k": 512, "causal": False, "requires_grad": False}, "sdpa_cudnn"),
     ],
 )
@@ -308,6 +313,7 @@ def test_priority_rows_are_data_with_sources_and_never_drop_a_backend():
         assert set(row.order) <= set(REGISTRY), row.label
         assert row.source and row.when, row.label
         assert set(row.when) <= set(priority.Features.__dataclass_fields__), row.label
+        assert row.matches(priority.features(call()), row.arch[0]) in (True, False)
     for kw in ({}, {"window": (9, 0)}, {"seqlen_q": 1}, {"varlen": True, "lengths_q": (3,), "lengths_k": (3,)}):
         order, _ = priority.order_for(call(**kw), (9, 0))
         assert sorted(order) == sorted(priority.default_order(call(), (9, 0))), kw

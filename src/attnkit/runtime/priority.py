@@ -16,8 +16,14 @@ from typing import Any
 
 from attnkit.runtime.call import AttentionCall
 
-DECODE_MAX_QUERIES = 16  # a decode step, or speculative decoding verifying a few tokens
-SMALL_WORK = 1 << 33  # batch*heads*Sq*Sk*head_dim below this: kernels of tens of us, where host time decides
+# Thresholds on the call's work (batch*heads*Sq*Sk*head_dim), read off the H200 bench (BENCH below): FA4's kernels
+# are faster, but its Python interface costs ~80 us more host time per call than torch's SDPA, so it wins per call
+# (with a sync) only where its kernel saves more than that.
+SMALL_WORK = 1 << 33  # below: kernels of tens of us, host time decides: torch's own SDPA pick
+FA4_TRAIN_WORK_SMALL_D = 1 << 35  # head_dim <= 96 training: FA4 ahead from here (D64 S1024 B32 H32, D96 S2048 B8 H16)
+FA4_TRAIN_WORK_D128 = 1 << 37  # head_dim 128 training: fp16 S2048 B8 H16 (2^36) was a tie, S4096 B8 H16 (2^38) FA4
+FA4_PREFILL_WORK = 1 << 29  # causal, fewer queries than keys: 'spec-decode Sq4' (2^30) FA4 3.3x; below: unmeasured
+FA4_INFER_WORK_D128 = 1 << 39  # head_dim 128 forward only: GQA S4096 B8 H32 (2^39) FA4, MHA S4096 B8 H16 (2^38) cuDNN
 
 SM90 = ((9, 0), (9, 0))
 BLACKWELL = ((10, 0), (12, 9))
@@ -41,33 +47,36 @@ class Features:
 
     varlen: bool
     window: bool
-    decode: bool  # at most DECODE_MAX_QUERIES queries per sequence
+    decode: bool  # one query per sequence: a decode step against a KV cache
     fewer_queries: bool  # causal with fewer queries than keys: chunked prefill, a prompt against a KV cache
     more_queries: bool  # more queries than keys: cross-attention to a short context
     small: bool  # below SMALL_WORK: launch and host time dominate
     train: bool  # a backward will follow
     dtype: str
     head_dim: int
+    work: int  # batch * heads * seqlen_q * seqlen_k * head_dim
 
 
 def features(call: AttentionCall) -> Features:
     return Features(
         varlen=call.varlen,
         window=call.window is not None,
-        decode=call.seqlen_q <= DECODE_MAX_QUERIES,
+        decode=call.seqlen_q == 1,
         fewer_queries=call.causal and call.seqlen_q < call.seqlen_k,
         more_queries=call.seqlen_q > call.seqlen_k,
         small=call.work < SMALL_WORK,
         train=call.requires_grad,
         dtype=call.dtype,
         head_dim=max(call.head_dim, call.head_dim_v),
+        work=call.work,
     )
 
 
 @dataclass(frozen=True)
 class Row:
-    """`order` goes first for calls on GPUs in `arch` whose features match every entry of `when`: a bool or
-    str must be equal; a (low, high) pair bounds a number, both ends included."""
+    """`order` goes first for calls on GPUs in `arch` whose features match every entry of `when`: a bool must
+    be equal; a tuple of str lists the allowed values; a (low, high) pair of ints bounds a number, both ends
+    included."""
 
     label: str
     arch: tuple[tuple[int, int], tuple[int, int]]
@@ -80,7 +89,10 @@ class Row:
             return False
         for name, want in self.when.items():
             have = getattr(f, name)
-            if isinstance(want, tuple):
+            if isinstance(want, tuple) and want and isinstance(want[0], str):
+                if have not in want:
+                    return False
+            elif isinstance(want, tuple):
                 if not want[0] <= have <= want[1]:
                     return False
             elif have != want:
@@ -89,28 +101,42 @@ class Row:
 
 
 FACTS = "shared/FACTS.md 'FlashAttention-4 (flash-attn-4 on PyPI) on the H200' (2026-11-30)"
-BENCH = "docs/results/2026-11-30-h200-bench.json"
+BENCH = "docs/results/2026-11-30-h200-bench-1.json (first run, rows before this table)"
+HALF = ("bfloat16", "float16")
+BIG = 1 << 62
 
 ROWS: tuple[Row, ...] = (
+    Row("packed varlen, short sequences", SM90, ("torch_varlen", "cudnn_ragged", "flash_attn4"),
+        f"{BENCH}: 'varlen short 1-64 x256 D64': torch_varlen 0.119 ms back to back, padded SDPA 0.132, "
+        "cudnn_ragged 0.165, FA4 0.287", {"varlen": True, "work": (0, SMALL_WORK - 1)}),
     Row("packed varlen", SM90, ("flash_attn4", "cudnn_ragged", "sdpa_cudnn_varlen", "flash_attn3", "flash_attn2"),
-        f"{FACTS}: FA4 2.1x cudnn_ragged, 2.7x padded SDPA; {BENCH}: 'varlen *' shapes", {"varlen": True}),
+        f"{FACTS}: FA4 2.1x cudnn_ragged; {BENCH}: 'varlen GQA 32/8 D128 17-4096': FA4 7.2 ms fwd+bwd, cudnn_ragged "
+        "8.3, padded SDPA 49", {"varlen": True}),
     Row("decode", SM90, ("sdpa",),
-        f"{FACTS}: FA4 0.5-0.9x on decode (no split-KV on sm90); {BENCH}: 'decode *' shapes, torch's own pick "
-        "is the plain call with no host cost added", {"decode": True}),
+        f"{BENCH}: 'decode *': torch's own pick (cuDNN) is fastest; FA4 has no split-KV on sm90 (0.36 vs 0.07 ms "
+        "at Sk=32768)", {"decode": True}),
+    Row("chunked prefill and speculative decoding", SM90, ("flash_attn4", "sdpa"),
+        f"{FACTS}: FA4 1.2-1.4x; {BENCH}: 'prefill *' FA4 0.23 vs 0.42 ms, 'spec-decode Sq4' 0.12 vs 0.41 ms; "
+        "without FA4 torch's own pick is its native bottom-right flash kernel. Ahead of 'small': SDPA's lower-right "
+        "path took 0.41 ms for a call of 2^30 work", {"fewer_queries": True, "work": (FA4_PREFILL_WORK, BIG)}),
     Row("small", SM90, ("sdpa",),
-        f"{FACTS}: attnkit 0.1.0 1.3-1.5x slower than the plain call on a 43 us kernel, FA4 slower still; "
-        f"{BENCH}: 'small *' shapes", {"small": True}),
+        f"{BENCH}: 'small *', 'cross fp16 Sq1024 Sk77': the plain call is fastest, FA4 2.5-4x slower",
+        {"small": True}),
     Row("sliding window", SM90, ("flash_attn4", "flash_attn3", "flash_attn2"),
-        f"{FACTS}: FA4 4-6x SDPA with a dense mask; {BENCH}: 'window *' shapes", {"window": True}),
-    Row("chunked prefill", SM90, ("flash_attn4", "sdpa"),
-        f"{FACTS}: FA4 1.2-1.4x; without FA4 torch's own pick is its native bottom-right flash kernel, 15-40% "
-        f"faster than cuDNN with a materialised lower-right mask; {BENCH}: 'prefill *' shapes",
-        {"fewer_queries": True}),
-    Row("training D128", SM90, ("flash_attn4",),
-        f"{FACTS}: FA4 1.10-1.15x fwd+bwd on long D128 MHA and GQA; {BENCH}: 'train * D128' shapes",
-        {"train": True, "head_dim": (128, 128), "dtype": "bfloat16"}),
-    Row("training D128 fp16", SM90, ("flash_attn4",), f"as 'training D128'; {BENCH}: 'train fp16 * D128'",
-        {"train": True, "head_dim": (128, 128), "dtype": "float16"}),
+        f"{FACTS}; {BENCH}: 'window *': FA4 1.5 vs 14.3 ms (S16384) and 1.1 vs 6.4 ms fwd+bwd (S4096) against "
+        "SDPA with a dense mask", {"window": True}),
+    Row("training head_dim <= 96", SM90, ("flash_attn4",),
+        f"{BENCH}: 'train D64 S1024 causal', 'train fp16 D64 S2048', 'train D96 S2048 causal': FA4 4-14% faster "
+        "fwd+bwd", {"train": True, "head_dim": (1, 96), "dtype": HALF, "work": (FA4_TRAIN_WORK_SMALL_D, BIG)}),
+    Row("training head_dim 128", SM90, ("flash_attn4",),
+        f"{FACTS}: FA4 1.10-1.15x fwd+bwd; {BENCH}: 'train * D128 S4096..S16384': 5-14%",
+        {"train": True, "head_dim": (128, 128), "dtype": HALF, "work": (FA4_TRAIN_WORK_D128, BIG)}),
+    Row("long forward head_dim 128", SM90, ("flash_attn4",),
+        f"{BENCH}: 'train GQA 32/8 D128 S8192' fwd FA4 1.70 vs 1.81 ms, S16384 3.18 vs 3.58 ms",
+        {"train": False, "head_dim": (128, 128), "dtype": HALF, "work": (FA4_INFER_WORK_D128, BIG)}),
+    Row("float32", SM90, ("sdpa_efficient", "sdpa"),
+        f"{BENCH}: 'train fp32 *': the mem-efficient kernel, with k/v expanded for GQA (torch's own pick falls back "
+        "to math there: 0.88 vs 1.43 ms)", {"dtype": "float32"}),
     # Blackwell: FA4's primary target, not measured here (no such GPU lent); windows and packed varlen have no
     # native cuDNN path through SDPA (dense masks, padding), so FA4 goes first there too.
     Row("packed varlen (Blackwell)", BLACKWELL, ("flash_attn4", "cudnn_ragged"),

@@ -123,7 +123,17 @@ class SdpaBackend(Backend):
             def run(q: Any, k: Any, v: Any) -> Any:  # the plain call, nothing around it
                 return sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kw).transpose(1, 2)
 
-        if self.sdp_name is None or call.softcap or (not bias_object and self._torch_picks_it(q, k, v, call, kw)):
+        if call.softcap:
+            return run
+        picked = None if bias_object else self._torch_pick(q, k, v, call, kw)
+        wanted = None if self.sdp_name is None else int(_sdp_backend(self.sdp_name))
+        if picked is not None and wanted in (None, picked):
+            if not (idx_q is not None or expand or empty is not None or "attn_mask" in kw):
+                direct = _direct(picked, kw, call)
+                if direct is not None:
+                    return direct
+            return run
+        if wanted is None:
             return run
         chosen = [_sdp_backend(self.sdp_name)]
         from torch.nn.attention import sdpa_kernel
@@ -133,18 +143,49 @@ class SdpaBackend(Backend):
                 return run(q, k, v)
         return forced
 
-    def _torch_picks_it(self, q: Any, k: Any, v: Any, call: AttentionCall, kw: dict[str, Any]) -> bool:
-        """Would a plain F.scaled_dot_product_attention call run this backend's kernel anyway?"""
+    def _torch_pick(self, q: Any, k: Any, v: Any, call: AttentionCall, kw: dict[str, Any]) -> int | None:
+        """The kernel a plain F.scaled_dot_product_attention call would run for this call (None: unknown)."""
         import torch
 
         choice = getattr(torch, "_fused_sdp_choice", None)
         if choice is None or call.varlen or (self.limits.gqa == "expand" and call.gqa):
-            return False
+            return None
         try:
-            picked = choice(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                            attn_mask=kw.get("attn_mask"), dropout_p=kw.get("dropout_p", 0.0),
-                            is_causal=kw.get("is_causal", False), scale=kw.get("scale"),
-                            enable_gqa=kw.get("enable_gqa", False))
-        except Exception:  # an older torch's signature, or an input it rejects: force, to be safe
-            return False
-        return int(picked) == int(_sdp_backend(self.sdp_name))
+            return int(choice(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                              attn_mask=kw.get("attn_mask"), dropout_p=kw.get("dropout_p", 0.0),
+                              is_causal=kw.get("is_causal", False), scale=kw.get("scale"),
+                              enable_gqa=kw.get("enable_gqa", False)))
+        except Exception:  # an older torch's signature, or an input it rejects: no shortcut
+            return None
+
+
+def _direct(picked: int, kw: dict[str, Any], call: AttentionCall) -> Runner | None:
+    """The kernel's own op, called the way F.scaled_dot_product_attention calls it once it has chosen (its
+    cuDNN and flash branches: k/v as given, GQA handled by the kernel, log-sum-exp only for a backward), so
+    the plain call's per-call choosing is not paid again. Only for calls with no mask, where both kernels
+    take the arguments as they are; anything the op rejects raises, and attention() falls back."""
+    import torch
+
+    if call.device != "cuda":
+        return None
+    dropout, causal, scale = kw.get("dropout_p", 0.0), kw.get("is_causal", False), kw.get("scale")
+    if picked == int(_sdp_backend("CUDNN_ATTENTION")):
+        cudnn = getattr(torch, "_scaled_dot_product_cudnn_attention", None)
+        if cudnn is None:
+            return None
+        lse = call.requires_grad
+
+        def run_cudnn(q: Any, k: Any, v: Any) -> Any:
+            return cudnn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, lse, dropout, causal, False,
+                         scale=scale)[0].transpose(1, 2)
+        return run_cudnn
+    if picked == int(_sdp_backend("FLASH_ATTENTION")) and call.head_dim % 8 == 0 and call.head_dim_v % 8 == 0:
+        flash = getattr(torch, "_scaled_dot_product_flash_attention", None)
+        if flash is None:
+            return None
+
+        def run_flash(q: Any, k: Any, v: Any) -> Any:
+            return flash(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout, causal, False,
+                         scale=scale)[0].transpose(1, 2)
+        return run_flash
+    return None
