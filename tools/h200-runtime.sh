@@ -10,7 +10,13 @@
 #   bench    starts `attnkit bench` in the background (setsid: it may outlast one command, the machine stays while
 #            the next command follows within 30 s); BENCH_ARGS adds e.g. --shape LABEL
 #   bench-wait  waits for it (WAIT_S, default 540) -> $OUT/<date>-h200-bench.json + .png + bench.log
-# Prepare here first:  ../shared/tools/fa4-bundle.sh  and the .whl folder (see docs/results/README.md).
+# Prepare here first (the machine has no network): ../shared/tools/fa4-bundle.sh (-> .fa4a, .fa4b), and in .whl/ the
+# cp312 manylinux wheels of pydantic, pydantic-core, annotated-types, typing-inspection, nox and its dependencies
+# (argcomplete attrs colorlog dependency-groups distlib filelock platformdirs python-discovery virtualenv),
+# nvidia-cudnn-frontend==1.32.0 and the xformers wheel from `attnkit wheels build --package xformers --cell
+# torch2.11-cu130-py312 --archs 90` (python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12
+# --platform manylinux_2_28_x86_64 ... -d .whl NAME==VERSION). Send .fa4a with one command and .fa4b + .whl with
+# the next (the machine is kept ~30 s between commands).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -62,9 +68,12 @@ print("total", doc["total_s"], "import", doc["flash_attn4_import_s"])
 PY
     rm -f "$OUT"/warmup-cold.json "$OUT"/warmup-warm.json ;;
   bench)
+    if [ -f /root/bench/PID ] && kill -0 "$(cat /root/bench/PID)" 2>/dev/null; then
+      echo "a bench is already running (pid $(cat /root/bench/PID)): bench-wait collects it"; continue
+    fi
     rm -rf /root/bench && mkdir -p /root/bench
-    (setsid bash -c "python3 -m attnkit.cli bench --out /root/bench/$DATE-h200-bench.json ${BENCH_ARGS:-} \
-       > /root/bench/bench.log 2>&1; echo \$? > /root/bench/DONE" &) ;;
+    (setsid bash -c "echo \$\$ > /root/bench/PID; python3 -m attnkit.cli bench --out /root/bench/$DATE-h200-bench.json \
+       ${BENCH_ARGS:-} > /root/bench/bench.log 2>&1; echo \$? > /root/bench/DONE" &) ;;
   bench-wait)
     deadline=$(( $(date +%s) + ${WAIT_S:-540} ))
     while [ ! -f /root/bench/DONE ] && [ "$(date +%s)" -lt $deadline ]; do sleep 5; done

@@ -101,7 +101,8 @@ class Row:
 
 
 FACTS = "shared/FACTS.md 'FlashAttention-4 (flash-attn-4 on PyPI) on the H200' (2026-11-30)"
-BENCH = "docs/results/2026-11-30-h200-bench-1.json (first run, rows before this table)"
+# the run the rows were read from; docs/results/2026-11-30-h200-bench.json is the run with these rows in place
+BENCH = "docs/results/2026-11-30-h200-bench-1.json"
 HALF = ("bfloat16", "float16")
 BIG = 1 << 62
 

@@ -143,8 +143,10 @@ class Backend:
     def extra_unavailable(self, probe: Probe) -> list[str]:
         return []
 
-    def import_library(self) -> None:
-        """Import the backend's library now (for a library whose import the probe defers because it is slow)."""
+    def import_library(self) -> float | None:
+        """Import the backend's library now (one whose import the probe defers because it is slow); returns how
+        long the process's import took, in seconds."""
+        return None
 
     def check(self, call: AttentionCall, probe: Probe) -> list[str]:
         why = self.unavailable(probe)

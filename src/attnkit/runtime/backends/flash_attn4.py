@@ -93,8 +93,9 @@ class FlashAttn4(Backend):
     def extra_unavailable(self, probe: Any) -> list[str]:
         return [_state["error"]] if "error" in _state else []
 
-    def import_library(self) -> None:
+    def import_library(self) -> float | None:
         load()
+        return import_seconds()
 
     def bind(self, call: AttentionCall, p: Params, q: Any, k: Any, v: Any) -> Runner:
         fa = load()
