@@ -84,20 +84,40 @@ class AttentionCall:
         return " ".join(parts)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Params:
-    """Runtime values a backend needs beyond the call's description."""
+    """Runtime values a backend needs beyond the call's description: the normalised scalars, and the call's
+    other tensors, read through to the Inputs they came from."""
 
     scale: float
     dropout_p: float
     window: tuple[int, int] | None
-    softcap: float = 0.0
-    alibi_slopes: Any = None
-    attn_bias: Any = None
-    cu_seqlens_q: Any = None
-    cu_seqlens_k: Any = None
-    max_seqlen_q: int | None = None
-    max_seqlen_k: int | None = None
+    softcap: float
+    inputs: Inputs
+
+    @property
+    def alibi_slopes(self) -> Any:
+        return self.inputs.alibi_slopes
+
+    @property
+    def attn_bias(self) -> Any:
+        return self.inputs.attn_bias
+
+    @property
+    def cu_seqlens_q(self) -> Any:
+        return self.inputs.cu_seqlens_q
+
+    @property
+    def cu_seqlens_k(self) -> Any:
+        return self.inputs.cu_seqlens_k
+
+    @property
+    def max_seqlen_q(self) -> int | None:
+        return self.inputs.max_seqlen_q
+
+    @property
+    def max_seqlen_k(self) -> int | None:
+        return self.inputs.max_seqlen_k
 
 
 def _fail(arg: str, msg: str) -> ValueError:
@@ -135,9 +155,7 @@ class Inputs:
     def params(self, call: AttentionCall) -> Params:
         scale = self.softmax_scale
         return Params(scale=float(scale) if scale is not None else 1.0 / math.sqrt(call.head_dim),
-                      dropout_p=float(self.dropout_p), window=call.window, softcap=float(self.softcap),
-                      alibi_slopes=self.alibi_slopes, attn_bias=self.attn_bias, cu_seqlens_q=self.cu_seqlens_q,
-                      cu_seqlens_k=self.cu_seqlens_k, max_seqlen_q=self.max_seqlen_q, max_seqlen_k=self.max_seqlen_k)
+                      dropout_p=float(self.dropout_p), window=call.window, softcap=float(self.softcap), inputs=self)
 
     def describe(self) -> AttentionCall:
         """Validate (ValueError naming the argument) and describe the call. Runs before any kernel."""
