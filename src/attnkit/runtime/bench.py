@@ -19,6 +19,7 @@ is reported and cannot be the oracle (the fastest correct candidate).
 from __future__ import annotations
 
 import datetime as _dt
+import itertools
 import json
 import math
 import random
@@ -197,7 +198,7 @@ class Case:
             total = sum(s.lengths)
             self.q, self.k, self.v = r(total, s.heads, s.head_dim), r(total, s.kv_heads, s.head_dim), \
                 r(total, s.kv_heads, s.head_dim)
-            self.cu = torch.tensor([0, *itertools_acc(s.lengths)], dtype=torch.int32, device=device)
+            self.cu = torch.tensor([0, *itertools.accumulate(s.lengths)], dtype=torch.int32, device=device)
             kw.update(cu_seqlens_q=self.cu, cu_seqlens_k=self.cu, max_seqlen_q=max(s.lengths),
                       max_seqlen_k=max(s.lengths))
         else:
@@ -297,12 +298,6 @@ class Case:
             out.backward(g)
             return out
         return run
-
-
-def itertools_acc(lengths: tuple[int, ...]) -> list[int]:
-    import itertools
-
-    return list(itertools.accumulate(lengths))
 
 
 def _library_call(lib: str, c: Case) -> Callable[[], Any] | None:

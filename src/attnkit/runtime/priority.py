@@ -1,7 +1,7 @@
 """Which backend attnkit tries first: per GPU architecture AND per call class, kept as data with the
 measurement each row comes from. The fastest kernel depends on the call, not only on the GPU: on the H200
 FlashAttention-4 wins sliding windows, packed varlen, chunked prefill and long training calls, while torch's
-own SDPA pick wins decode and small calls, where host time decides (shared/FACTS.md and the bench reports
+own SDPA pick wins decode and small calls, where host time decides (the bench reports
 named in each row's `source`).
 
 Selection (select.py) walks `order_for(call, capability)`: the first row whose architecture range and
@@ -100,7 +100,6 @@ class Row:
         return True
 
 
-FACTS = "shared/FACTS.md 'FlashAttention-4 (flash-attn-4 on PyPI) on the H200' (2026-11-30)"
 # the run the rows were read from; docs/results/2026-11-30-h200-bench.json is the run with these rows in place
 BENCH = "docs/results/2026-11-30-h200-bench-1.json"
 HALF = ("bfloat16", "float16")
@@ -111,26 +110,26 @@ ROWS: tuple[Row, ...] = (
         f"{BENCH}: 'varlen short 1-64 x256 D64': torch_varlen 0.119 ms back to back, padded SDPA 0.132, "
         "cudnn_ragged 0.165, FA4 0.287", {"varlen": True, "work": (0, SMALL_WORK - 1)}),
     Row("packed varlen", SM90, ("flash_attn4", "cudnn_ragged", "sdpa_cudnn_varlen", "flash_attn3", "flash_attn2"),
-        f"{FACTS}: FA4 2.1x cudnn_ragged; {BENCH}: 'varlen GQA 32/8 D128 17-4096': FA4 7.2 ms fwd+bwd, cudnn_ragged "
+        f"{BENCH}: 'varlen GQA 32/8 D128 17-4096': FA4 7.2 ms fwd+bwd, cudnn_ragged "
         "8.3, padded SDPA 49", {"varlen": True}),
     Row("decode", SM90, ("sdpa",),
         f"{BENCH}: 'decode *': torch's own pick (cuDNN) is fastest; FA4 has no split-KV on sm90 (0.36 vs 0.07 ms "
         "at Sk=32768)", {"decode": True}),
     Row("chunked prefill and speculative decoding", SM90, ("flash_attn4", "sdpa"),
-        f"{FACTS}: FA4 1.2-1.4x; {BENCH}: 'prefill *' FA4 0.23 vs 0.42 ms, 'spec-decode Sq4' 0.12 vs 0.41 ms; "
+        f"{BENCH}: 'prefill *' FA4 0.23 vs 0.42 ms, 'spec-decode Sq4' 0.12 vs 0.41 ms; "
         "without FA4 torch's own pick is its native bottom-right flash kernel. Ahead of 'small': SDPA's lower-right "
         "path took 0.41 ms for a call of 2^30 work", {"fewer_queries": True, "work": (FA4_PREFILL_WORK, BIG)}),
     Row("small", SM90, ("sdpa",),
         f"{BENCH}: 'small *', 'cross fp16 Sq1024 Sk77': the plain call is fastest, FA4 2.5-4x slower",
         {"small": True}),
     Row("sliding window", SM90, ("flash_attn4", "flash_attn3", "flash_attn2"),
-        f"{FACTS}; {BENCH}: 'window *': FA4 1.5 vs 14.3 ms (S16384) and 1.1 vs 6.4 ms fwd+bwd (S4096) against "
+        f"{BENCH}: 'window *': FA4 1.5 vs 14.3 ms (S16384) and 1.1 vs 6.4 ms fwd+bwd (S4096) against "
         "SDPA with a dense mask", {"window": True}),
     Row("training head_dim <= 96", SM90, ("flash_attn4",),
         f"{BENCH}: 'train D64 S1024 causal', 'train fp16 D64 S2048', 'train D96 S2048 causal': FA4 4-14% faster "
         "fwd+bwd", {"train": True, "head_dim": (1, 96), "dtype": HALF, "work": (FA4_TRAIN_WORK_SMALL_D, BIG)}),
     Row("training head_dim 128", SM90, ("flash_attn4",),
-        f"{FACTS}: FA4 1.10-1.15x fwd+bwd; {BENCH}: 'train * D128 S4096..S16384': 5-14%",
+        f"{BENCH}: 'train * D128 S4096..S16384': 5-14%",
         {"train": True, "head_dim": (128, 128), "dtype": HALF, "work": (FA4_TRAIN_WORK_D128, BIG)}),
     Row("long forward head_dim 128", SM90, ("flash_attn4",),
         f"{BENCH}: 'train GQA 32/8 D128 S8192' fwd FA4 1.70 vs 1.81 ms, S16384 3.18 vs 3.58 ms",

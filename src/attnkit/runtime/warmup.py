@@ -1,6 +1,6 @@
 """`attnkit warmup`: pay JIT compilation once, ahead of time, instead of inside the first step of every new
 process. FlashAttention-4 compiles each new configuration at first use (2-5 s forward, 4-7 s backward on the
-H200, shared/FACTS.md) and keeps the result in its disk cache, which attnkit points into its own cache folder;
+H200, docs/results/2026-11-30-h200-fa4-warmup.json) and keeps the result in its disk cache, which attnkit points into its own cache folder;
 warmup runs attention() once (forward, and backward for training shapes) for each shape of a list, so every
 kernel those calls select is compiled and stored before a training job or server starts, or in an image build
 on a GPU runner. Shapes come from a JSON file or from a Hugging Face model's config.json.

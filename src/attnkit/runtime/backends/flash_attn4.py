@@ -1,7 +1,7 @@
 """FlashAttention-4 (`flash-attn-4` on PyPI, module `flash_attn.cute`): FlashAttention in CuTe DSL, a
 pure-Python wheel whose kernels are JIT-compiled at first use of each configuration; no wheel build, no
-torch-ABI match. Measured on the H200 against cuDNN (shared/FACTS.md, docs/results/*-h200-bench.json): 4-6x on
-sliding windows, ~2x on packed varlen, 1.2-1.4x on chunked prefill, 1.10-1.15x on long training calls;
+torch-ABI match. Measured on the H200 against the plain SDPA call (docs/results/2026-11-30-h200-bench.json):
+1.7-9x on sliding windows, ~6x on packed varlen, 1.2-2.6x on chunked prefill, 1.06-1.16x on long training calls;
 slower on decode and small calls, which the selection rows (runtime/priority.py) keep away from it.
 
 Limits per architecture, from flash_attn/cute/interface.py of 4.0.0b36 (the pinned release):

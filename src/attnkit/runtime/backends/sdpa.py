@@ -5,7 +5,7 @@ with no kernel forced and no context manager around it, plus attnkit's semantics
 Why a backend of its own: where torch already runs the best kernel for a call, anything attnkit forces only
 adds host time. On the H200 that is decode (one query), small batches of short sequences, and causal with
 fewer queries than keys when FlashAttention-4 is absent (torch runs its native bottom-right flash kernel
-there, 15-40% faster than cuDNN with a materialised lower-right mask; shared/FACTS.md). Every input is
+there, faster than cuDNN with a materialised lower-right mask; docs/results/2026-11-30-h200-bench-1.json). Every input is
 served: torch falls back to its math kernel where no fused kernel fits."""
 
 from attnkit.runtime.backends._sdpa import SdpaBackend
