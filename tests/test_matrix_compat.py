@@ -104,3 +104,45 @@ def test_package_limits_respected(matrix) -> None:
         else:
             assert ("xformers" in names) == (vkey(c.torch) >= vkey("2.10")), c.id
             assert "flash-attn" in names
+
+
+def test_every_python_the_table_ships_is_built(matrix) -> None:
+    """Each torch's stable CUDAs are built for every Python of its published range from 3.10 on: 3.14 from
+    torch 2.9, 3.15 from 2.13 (the table's "<=(3.15, 3.15t experimental)"); the free-threaded builds are not."""
+    from attnkit.matrix.expand import all_cells
+    from attnkit.matrix.schema import vkey
+
+    built = {(c.torch, c.cuda, c.python) for c in all_cells(matrix)}
+    excluded = {(s.torch, s.python) for s in matrix.build.exclude}
+    for minor, row in published().items():
+        lo, hi = row["python"]  # type: ignore[misc]
+        pythons = [f"3.{n}" for n in range(10, 16) if vkey(lo) <= vkey(f"3.{n}") <= vkey(hi)]
+        for cuda in row["stable"]:  # type: ignore[attr-defined]
+            for py in pythons:
+                if (minor, py) not in excluded:
+                    assert (minor, cuda, py) in built, (minor, cuda, py)
+    assert ("2.9", "12.8", "3.14") in built and ("2.13", "13.0", "3.15") in built
+    assert not any(p == "3.15" and vkey(t) < vkey("2.13") for t, _, p in built)
+    flash = [c for c in all_cells(matrix) if c.python == "3.14" and c.package("flash-attn")]
+    assert flash and all(c.package("flash-attn").wheel.endswith("-cp314-cp314-linux_x86_64.whl")  # type: ignore[union-attr]
+                         for c in flash)
+
+
+def test_names_are_formed_in_the_naming_module_only() -> None:
+    """'cu130', 'cp312' and the like: formed by matrix/naming.py alone (one place per fact)."""
+    src = Path(__file__).resolve().parents[1] / "src" / "attnkit"
+    pattern = re.compile(r"""f["']c[up]\{|["']c[up]["']\s*\+""")
+    offenders = [f"{p.relative_to(src)}:{i}" for p in src.rglob("*.py") if p.name != "naming.py"
+                 for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert offenders == []
+
+
+def test_no_source_points_outside_the_repository() -> None:
+    """Docstrings and comments cite evidence inside the repository (docs/results, tests/data), never the
+    workplace's shared notes, which a user's checkout does not have."""
+    root = Path(__file__).resolve().parents[1]
+    files = [*(root / "src").rglob("*.py"), *(root / "tests").rglob("*.py"), root / "noxfile.py",
+             *(root / ".github").rglob("*.yml"), root / "docker" / "Dockerfile", root / "matrix.yaml"]
+    hits = [f"{p.relative_to(root)}" for p in files if re.search(r"shared/FACTS|shared/DESIGN|\.\./shared", p.read_text())
+            and p.name != "test_matrix_compat.py"]
+    assert hits == []

@@ -41,7 +41,7 @@ def fresh_selector(monkeypatch, tmp_path):
 @pytest.mark.parametrize(
     ("cc", "libs", "expected"),
     [
-        ((9, 0), (), "sdpa_cudnn"),  # Hopper: cuDNN ~1.8x FA2 (shared/FACTS.md)
+        ((9, 0), (), "sdpa_cudnn"),  # Hopper: cuDNN ~1.8x FA2 (docs/results/*-h200-bench-flash-attn.json)
         ((9, 0), ("flash-attn",), "sdpa_cudnn"),  # flash-attn installed is NOT the fast choice on H200
         ((9, 0), ("flash-attn", "flash-attn-4"), "flash_attn4"),  # long D128 training: FA4 1.10-1.15x cuDNN
         ((10, 0), ("flash-attn",), "sdpa_cudnn"),

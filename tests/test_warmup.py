@@ -33,7 +33,7 @@ def test_the_example_shape_file_loads():
 def test_bad_shape_files_fail_in_one_line(tmp_path, capsys, content, expect):
     f = tmp_path / "shapes.json"
     f.write_text(content)
-    assert main(["warmup", "--shapes", str(f)]) == 2
+    assert main(["warmup", "--shapes", str(f)]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"attnkit: error: --shapes {f}: ") and expect in err and "\n" not in err, err
 
@@ -75,7 +75,7 @@ def test_without_a_gpu_warmup_says_so(capsys):
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: the no-GPU message does not apply")
-    assert main(["warmup", "--shapes", ROOT_SHAPES]) == 2
+    assert main(["warmup", "--shapes", ROOT_SHAPES]) == 1
     assert "no CUDA GPU visible" in capsys.readouterr().err
     assert main(["warmup"]) == 2
     assert "give --shapes FILE.json or --model CONFIG" in capsys.readouterr().err

@@ -94,12 +94,15 @@ def test_index_then_install_into_a_fresh_venv(built, py, cache, tmp_path):
     house, rep = built
     site = tmp_path / "site"
     attnkit(py, cache, "index", "build", str(house), "--out", str(site))
-    page = (site / "simple" / "attnkit-tinyext" / "index.html").read_text()
-    assert f"{WHEEL}#sha256={rep['sha256']}" in page
+    key = WHEEL.split("+")[1].split("-")[0]
+    assert key == "cu13torch2.14cxx11abiTRUE"
+    page = (site / key / "simple" / "attnkit-tinyext" / "index.html").read_text()
+    assert f"{WHEEL.replace('+', '%2B')}#sha256={rep['sha256']}" in page
     fpy, fresh_site = fresh_venv(tmp_path / "fresh", py)
-    r = attnkit(py, cache, "wheel-url", "attnkit-tinyext", "--index", str(site / "simple"), "--python", fpy)
-    assert r.stdout.strip().endswith(f"{WHEEL}#sha256={rep['sha256']}")
-    attnkit(py, cache, "install", "attnkit-tinyext", "--index", str(site / "simple"), "--python", fpy)
+    assert attnkit(py, cache, "index", "key", "--python", fpy).stdout.strip() == key  # the real CUDA torch's key
+    r = attnkit(py, cache, "wheel-url", "attnkit-tinyext", "--index", str(site), "--python", fpy)
+    assert r.stdout.strip().endswith(f"{WHEEL.replace('+', '%2B')}#sha256={rep['sha256']}")
+    attnkit(py, cache, "install", "attnkit-tinyext", "--index", str(site), "--python", fpy)
     code = ("import torch, attnkit_tinyext, importlib.metadata as md; x = torch.arange(4.0);"
             "print(md.version('attnkit-tinyext'), torch.ops.attnkit_tinyext.scale(x, 3.0).tolist(),"
             " torch.ops.attnkit_tinyext.add_one(x).tolist(), attnkit_tinyext.__file__)")
@@ -115,9 +118,8 @@ def test_tampered_wheel_in_index_is_refused(built, py, cache, tmp_path):
     target = site / "files" / WHEEL
     target.write_bytes(target.read_bytes() + b"\0")
     fpy, _ = fresh_venv(tmp_path / "fresh", py)
-    r = attnkit(py, cache, "install", "attnkit-tinyext", "--index", str(site / "simple"), "--python", fpy,
-                check=False)
-    assert r.returncode == 2
+    r = attnkit(py, cache, "install", "attnkit-tinyext", "--index", str(site), "--python", fpy, check=False)
+    assert r.returncode == 1
     assert r.stderr.startswith(f"attnkit: error: {WHEEL}: hash mismatch: the index says sha256")
     assert len(r.stderr.strip().splitlines()) == 1
 
@@ -166,7 +168,7 @@ def test_arch_subset_test_build(py, cache, tmp_path):
 
 
 def one_line_error(r: subprocess.CompletedProcess[str], *needles: str) -> None:
-    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.returncode == 1, r.stdout + r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("attnkit: error: "), r.stderr
     for n in needles:

@@ -8,9 +8,9 @@ import json
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
 
 import pytest
+from wheelkit import make_wheel, verified
 
 from attnkit.cli import main
 from attnkit.errors import AttnkitError
@@ -41,11 +41,11 @@ def test_recipe_errors_are_one_line(tmp_path, capsys):
     bad = tmp_path / "r.toml"
     bad.write_text('name = "x"\nsource = "matrix"\nextension_modules = ["x"]\n[build]\narch_env = "A"\n'
                    'arch_format = "nope"\nmemory_per_job_gib = 1\n')
-    assert main(["wheels", "env", "--recipe", str(bad), "--cell", "torch2.11-cu130-py312"]) == 2
+    assert main(["wheels", "env", "--recipe", str(bad), "--cell", "torch2.11-cu130-py312"]) == 1
     err = capsys.readouterr().err
     assert f"{bad}: build.arch_format" in err and len(err.strip().splitlines()) == 1
     bad.write_text("name = [")
-    assert main(["wheels", "env", "--recipe", str(bad), "--cell", "torch2.11-cu130-py312"]) == 2
+    assert main(["wheels", "env", "--recipe", str(bad), "--cell", "torch2.11-cu130-py312"]) == 1
     assert "TOML syntax error" in capsys.readouterr().err
     with pytest.raises(AttnkitError, match="no recipe for 'nope'"):
         load_recipe("nope")
@@ -78,29 +78,6 @@ def test_jobs_from_cores_and_memory(cores, mem, threads, per_job, expected, limi
         build.choose_jobs(cores, mem, threads, per_job, override=0)
 
 
-def make_wheel(path: Path, name: str = "demo_pkg", version: str = "1.0", tag: str = "cp311-cp311-linux_x86_64",
-               requires: tuple[str, ...] = ("torch", "numpy"), requires_python: str = ">=3.10",
-               extra: dict[str, bytes] | None = None) -> Path:
-    """A minimal, valid wheel (pure module + dist-info), written by hand like a build backend would."""
-    info = f"{name}-{version}.dist-info"
-    meta = "Metadata-Version: 2.1\nName: {}\nVersion: {}\nRequires-Python: {}\n{}\n".format(
-        name.replace("_", "-"), version, requires_python, "".join(f"Requires-Dist: {r}\n" for r in requires))
-    files = {f"{name}/__init__.py": b"VALUE = 42\n", f"{info}/METADATA": meta.encode(),
-             f"{info}/WHEEL": f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: {tag}\n".encode(),
-             **(extra or {})}
-    record = []
-    for n, data in files.items():
-        d = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{n},sha256={d},{len(data)}")
-    record.append(f"{info}/RECORD,,")
-    files[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
-    whl = path / f"{name}-{version}-{tag}.whl"
-    with zipfile.ZipFile(whl, "w") as z:
-        for n, data in files.items():
-            z.writestr(n, data)
-    return whl
-
-
 def test_retag_sets_local_version_and_torch_pin(tmp_path):
     src = make_wheel(tmp_path)
     out = retag.retag(src, tmp_path / "out", "demo_pkg-1.0+cu13torch2.11cxx11abiTRUE-cp311-cp311-linux_x86_64.whl", "2.11")
@@ -123,6 +100,54 @@ def test_retag_sets_local_version_and_torch_pin(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target",
                         str(tmp_path / "t"), str(out)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_retag_renames_data_and_edits_headers_only(tmp_path):
+    """`.data/` follows the version (else uv installs the folder itself into site-packages); METADATA's body
+    (the long description) is left byte for byte, even its lines that look like headers."""
+    desc = "Version: 9.9 is what this README talks about\nFrom here on\nRequires-Dist: torch==1.0 (prose)\n"
+    src = make_wheel(tmp_path, description=desc, requires=("torch>=2", "numpy"),
+                     extra={"demo_pkg-1.0.data/scripts/demo-tool": b"#!python\nprint('tool ran')\n"})
+    name = f"demo_pkg-1.0+{KEY11}-cp311-cp311-linux_x86_64.whl"
+    out = retag.retag(src, tmp_path / "out", name, "2.11")
+    with zipfile.ZipFile(out) as z:
+        names = z.namelist()
+        meta = z.read(f"demo_pkg-1.0+{KEY11}.dist-info/METADATA")
+    assert f"demo_pkg-1.0+{KEY11}.data/scripts/demo-tool" in names
+    assert not any(n.startswith("demo_pkg-1.0.") for n in names)
+    head, _, body = meta.partition(b"\n\n")
+    assert body == desc.encode()
+    assert b"Version: 1.0+" + KEY11.encode() in head and b"Version: 9.9" not in head
+    assert head.count(b"Requires-Dist: torch") == 1 and b"Requires-Dist: torch<2.12,>=2.11" in head
+    from wheel.wheelfile import WheelFile
+
+    with WheelFile(out) as wf:  # RECORD rewritten: every member reads back against its hash
+        for info in wf.infolist():
+            wf.read(info)
+    venv = tmp_path / "uvvenv"
+    uv = resolve.find_uv()
+    assert uv, "uv is a test dependency (noxfile TEST_DEPS)"
+    subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True)
+    r = subprocess.run([uv, "pip", "install", "--python", str(venv / "bin" / "python"), "--no-deps", str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    site = next((venv / "lib").glob("python3.*/site-packages"))
+    assert not list(site.glob("*.data")), "the .data folder was installed as a package folder"
+    ran = subprocess.run([str(venv / "bin" / "demo-tool")], capture_output=True, text=True)
+    assert ran.stdout.strip() == "tool ran"
+
+
+def test_retag_refuses_a_wheel_whose_files_do_not_match_its_record(tmp_path):
+    src = make_wheel(tmp_path)
+    with zipfile.ZipFile(src) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    members["demo_pkg/__init__.py"] = b"VALUE = 666\n"  # changed after RECORD was written
+    with zipfile.ZipFile(src, "w") as z:
+        for n, data in members.items():
+            z.writestr(n, data)
+    with pytest.raises(AttnkitError, match=r"retag: demo_pkg-1.0-cp311-cp311-linux_x86_64.whl: .*[Hh]ash mismatch"):
+        retag.retag(src, tmp_path / "out", f"demo_pkg-1.0+{KEY11}-cp311-cp311-linux_x86_64.whl", "2.11")
+    assert not list((tmp_path / "out").iterdir())
 
 
 def test_import_check_loads_torch_operator_libraries(tmp_path):
@@ -163,94 +188,106 @@ def test_arch_coverage_check():
     assert p == ["a.so has GPU code for sm_75, not requested"]
 
 
-def verified(tmp_path: Path, whl: Path, cell: str = "torch2.11-cu130-py311") -> None:
-    rep = {"ok": True, "cell": cell, "sha256": hashlib.sha256(whl.read_bytes()).hexdigest(), "problems": []}
-    build.verification_path(whl).write_text(json.dumps(rep))
+KEY11, KEY12 = "cu13torch2.11cxx11abiTRUE", "cu13torch2.12cxx11abiTRUE"
 
 
-def test_index_is_pep503_with_hashes_and_cell_pages(tmp_path):
+def test_index_is_one_pep503_index_per_key_with_metadata(tmp_path):
     house = tmp_path / "house"
     house.mkdir()
-    w1 = make_wheel(house, version="1.0+cu13torch2.11cxx11abiTRUE")
-    w2 = make_wheel(house, version="1.0+cu13torch2.12cxx11abiTRUE")
-    verified(tmp_path, w1)
-    verified(tmp_path, w2, "torch2.12-cu130-py311")
+    w1 = verified(make_wheel(house, version=f"1.0+{KEY11}"))
+    w2 = verified(make_wheel(house, version=f"1.0+{KEY12}"), "torch2.12-cu130-py311")
     out = tmp_path / "site"
     assert main(["index", "build", str(house), "--out", str(out)]) == 0
-    page = (out / "simple" / "demo-pkg" / "index.html").read_text()
-    for w in (w1, w2):
+    assert not (out / "simple").exists()  # no flat index over all keys
+    for w, key, other in ((w1, KEY11, w2), (w2, KEY12, w1)):
+        page = (out / key / "simple" / "demo-pkg" / "index.html").read_text()
         sha = hashlib.sha256(w.read_bytes()).hexdigest()
-        assert f'href="../../files/{w.name}#sha256={sha}"' in page
+        quoted = w.name.replace("+", "%2B")
+        assert f'href="../../../files/{quoted}#sha256={sha}"' in page  # '+' percent-encoded
+        assert other.name not in page  # one key per index
+        meta = (out / "files" / f"{w.name}.metadata").read_bytes()
+        with zipfile.ZipFile(w) as z:  # PEP 658: the METADATA file, byte for byte, and its hash on the anchor
+            assert meta == z.read(f"demo_pkg-1.0+{key}.dist-info/METADATA")
+        msha = hashlib.sha256(meta).hexdigest()
+        assert f'data-dist-info-metadata="sha256={msha}"' in page and f'data-core-metadata="sha256={msha}"' in page
+        assert 'data-requires-python="&gt;=3.10"' in page
         assert (out / "files" / w.name).read_bytes() == w.read_bytes()
-    assert 'data-requires-python="&gt;=3.10"' in page
-    assert '<a href="demo-pkg/">demo-pkg</a>' in (out / "simple" / "index.html").read_text()
+        assert '<a href="demo-pkg/">demo-pkg</a>' in (out / key / "simple" / "index.html").read_text()
+    keys = json.loads((out / "keys.json").read_text())
+    assert [k["key"] for k in keys] == [KEY11, KEY12]
+    assert keys[0]["cuda"] == "cu13" and keys[0]["torch"] == "2.11" and keys[0]["cxx11_abi"] is True
+    assert keys[0]["commands"]["demo-pkg"]["uv"] == f"uv pip install demo-pkg==1.0 --index {KEY11}/simple/"
+    landing = (out / "index.html").read_text()
+    assert f'href="{KEY11}/simple/"' in landing and "attnkit index key" in landing
     assert w1.name in (out / "cells" / "torch2.11-cu130-py311.html").read_text()
     assert w2.name not in (out / "cells" / "torch2.11-cu130-py311.html").read_text()
-    # base URL: links to release assets, nothing copied
-    assert main(["index", "build", str(house), "--out", str(out), "--base-url", "https://x/y/"]) == 0
-    assert f'href="https://x/y/{w1.name}#sha256=' in (out / "simple" / "demo-pkg" / "index.html").read_text()
-    assert not (out / "files").exists()
+    # base URL: links to release assets, nothing copied but the .metadata files to upload beside them
+    assert main(["index", "build", str(house), "--out", str(out), "--base-url", "https://x/y/",
+                 "--site-url", "https://attnkit.github.io/attnkit"]) == 0
+    assert f'href="https://x/y/{w1.name.replace("+", "%2B")}#sha256=' in (
+        out / KEY11 / "simple" / "demo-pkg" / "index.html").read_text()
+    assert sorted(p.name for p in (out / "files").iterdir()) == sorted(f"{w.name}.metadata" for w in (w1, w2))
+    assert f"https://attnkit.github.io/attnkit/{KEY11}/simple/" in (out / "index.html").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["house", "site"]  # no stage dirs left behind
 
 
-def test_index_refuses_unverified_or_changed_wheels(tmp_path, capsys):
+def test_index_refuses_unverified_changed_or_unlabelled_wheels(tmp_path, capsys):
     house = tmp_path / "h"
     house.mkdir()
-    w = make_wheel(house, version="1.0+cu13torch2.11cxx11abiTRUE")
-    assert main(["index", "build", str(house), "--out", str(tmp_path / "s")]) == 2
+    w = make_wheel(house, version=f"1.0+{KEY11}")
+    assert main(["index", "build", str(house), "--out", str(tmp_path / "s")]) == 1
     assert "no verification report" in capsys.readouterr().err
-    verified(tmp_path, w)
+    verified(w)
     with zipfile.ZipFile(w, "a") as z:
         z.writestr("extra.txt", "tampered")
-    assert main(["index", "build", str(house), "--out", str(tmp_path / "s")]) == 2
+    assert main(["index", "build", str(house), "--out", str(tmp_path / "s")]) == 1
     assert "the file changed after verification" in capsys.readouterr().err
+    w.unlink()
+    verified(make_wheel(house, version="1.0"))
+    assert main(["index", "build", str(house), "--out", str(tmp_path / "s")]) == 1
+    assert "no local version label" in capsys.readouterr().err
     assert not (tmp_path / "s").exists()
 
 
-def env(torch="2.11.0+cu130", cuda="13.0", python="3.11"):
-    return PyEnv("/x/python", python, "x86_64", torch, cuda, True)
+def env(torch="2.11.0+cu130", cuda="13.0", python="3.11", glibc=(2, 35)):
+    """What pyenv.describe() reads: the tags are packaging.tags' for that Python on a glibc machine."""
+    from packaging import tags
+
+    version = tuple(int(x) for x in python.split("."))
+    plats = [f"manylinux_{glibc[0]}_{m}_x86_64" for m in range(glibc[1], 16, -1)] + ["linux_x86_64"]
+    ts = [*tags.cpython_tags(version, platforms=plats), *tags.compatible_tags(version, platforms=plats)]
+    return PyEnv("/x/python", python, "x86_64", torch, cuda, True, tuple(str(t) for t in ts), True)
 
 
 def test_resolve_picks_the_fitting_wheel_and_explains_misses(tmp_path):
     house = tmp_path / "h"
     house.mkdir()
-    for v in ("1.0+cu13torch2.11cxx11abiTRUE", "1.1+cu13torch2.11cxx11abiTRUE", "1.1+cu12torch2.11cxx11abiTRUE",
-              "1.1+cu13torch2.12cxx11abiTRUE"):
-        verified(tmp_path, make_wheel(house, version=v))
+    for v in (f"1.0+{KEY11}", f"1.1+{KEY11}", "1.1+cu12torch2.11cxx11abiTRUE", f"1.1+{KEY12}"):
+        verified(make_wheel(house, version=v))
+    # tags linux_x86_64 alone no longer decide: manylinux, abi3 and py3-none wheels fit too, per packaging.tags
+    verified(make_wheel(house, version=f"1.2+{KEY11}", tag="cp311-abi3-manylinux_2_28_x86_64"))
+    verified(make_wheel(house, version=f"1.3+{KEY11}", tag="cp312-cp312-manylinux_2_28_x86_64"))  # other Python
+    verified(make_wheel(house, version=f"1.4+{KEY11}", tag="cp311-cp311-manylinux_2_39_x86_64"))  # newer glibc
     index.build_index(house, tmp_path / "site")
-    cands = resolve.listing(str(tmp_path / "site" / "simple"), "demo-pkg")
-    assert len(cands) == 4 and all(c.sha256 for c in cands)
+    simple = resolve.index_url(str(tmp_path / "site"), env())
+    assert simple.endswith(f"/{KEY11}/simple/")
+    cands = resolve.listing(simple, "demo-pkg")
+    assert len(cands) == 5 and all(c.sha256 for c in cands)
     best = resolve.choose(cands, env(), "demo-pkg")
-    assert best.filename == "demo_pkg-1.1+cu13torch2.11cxx11abiTRUE-cp311-cp311-linux_x86_64.whl"
+    assert best.filename == f"demo_pkg-1.2+{KEY11}-cp311-abi3-manylinux_2_28_x86_64.whl"
     assert best.url.startswith("file://") and "#" not in best.url
-    with pytest.raises(AttnkitError, match=r"no demo-pkg wheel fits .*\+cu13torch2.13.*nearest: .*torch 2.1[12] vs 2.13"):
+    assert resolve.choose(cands, env(glibc=(2, 39)), "demo-pkg").filename.startswith("demo_pkg-1.4+")
+    assert resolve.choose(cands, env(python="3.12"), "demo-pkg").filename.startswith("demo_pkg-1.3+")
+    other = resolve.listing(resolve.index_url(str(tmp_path / "site"), env(torch="2.12.0+cu130")), "demo-pkg")
+    assert resolve.choose(other, env(torch="2.12.0+cu130"), "demo-pkg").filename.startswith(f"demo_pkg-1.1+{KEY12}")
+    with pytest.raises(AttnkitError, match=r"no demo-pkg wheel fits .*\+cu13torch2.13.*nearest: .*torch 2.11 vs 2.13"):
         resolve.choose(cands, env(torch="2.13.0+cu130"), "demo-pkg")
-    with pytest.raises(AttnkitError, match=r"nearest: .*tags cp311-cp311-linux_x86_64"):
-        resolve.choose(cands, env(python="3.12"), "demo-pkg")
+    with pytest.raises(AttnkitError, match=r"nearest: .*tags cp311-cp311-linux_x86_64 \(this Python 3.10 takes"):
+        resolve.choose(cands, env(python="3.10"), "demo-pkg")
     with pytest.raises(AttnkitError, match="CPU build"):
         resolve.choose(cands, env(torch="2.13.0+cpu", cuda=None), "demo-pkg")
-
-
-def test_install_checks_the_hash(tmp_path):
-    house = tmp_path / "h"
-    house.mkdir()
-    w = make_wheel(house, version="1.0+cu13torch2.11cxx11abiTRUE", requires=())
-    verified(tmp_path, w)
-    index.build_index(house, tmp_path / "site")
-    venv_dir = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv_dir)], check=True)
-    py = str(venv_dir / "bin" / "python")
-    cand = resolve.choose(resolve.listing(str(tmp_path / "site" / "simple"), "demo-pkg"), env(), "demo-pkg")
-    installed = tmp_path / "site" / "files" / w.name
-    original = installed.read_bytes()
-    with zipfile.ZipFile(installed, "a") as z:
-        z.writestr("demo_pkg/evil.py", "x = 1")
-    with pytest.raises(AttnkitError, match="hash mismatch: the index says sha256"):
-        resolve.install(cand, "demo-pkg", python=py)
-    installed.write_bytes(original)
-    resolve.install(cand, "demo-pkg", python=py)
-    r = subprocess.run([py, "-c", "import demo_pkg; print(demo_pkg.VALUE)"], capture_output=True, text=True)
-    assert r.stdout.strip() == "42"
+    with pytest.raises(AttnkitError, match=r"--index: cannot read .*/cu13torch2.13cxx11abiTRUE/simple/demo-pkg/"):
+        resolve.listing(resolve.index_url(str(tmp_path / "site"), env(torch="2.13.0+cu130")), "demo-pkg")
 
 
 def test_arch_subset_builds_are_marked_and_never_resolved(matrix, tmp_path):
@@ -271,10 +308,12 @@ def test_arch_subset_builds_are_marked_and_never_resolved(matrix, tmp_path):
     assert name == "flash_attn-2.8.3.post2+cu13torch2.11cxx11abiTRUE.sm90-cp312-cp312-linux_x86_64.whl"
     house = tmp_path / "h"
     house.mkdir()
-    verified(tmp_path, make_wheel(house, version="1.0+cu13torch2.11cxx11abiTRUE.sm90"))
+    verified(make_wheel(house, version=f"1.0+{KEY11}.sm90"))
     index.build_index(house, tmp_path / "site")
-    with pytest.raises(AttnkitError, match="not an attnkit build"):
-        resolve.choose(resolve.listing(str(tmp_path / "site" / "simple"), "demo-pkg"), env(), "demo-pkg")
+    assert not (tmp_path / "site" / KEY11).exists()  # its own key: never in the cell's index
+    sub_index = tmp_path / "site" / f"{KEY11}.sm90" / "simple"
+    with pytest.raises(AttnkitError, match="not an attnkit build for one environment"):
+        resolve.choose(resolve.listing(str(sub_index), "demo-pkg"), env(), "demo-pkg")
 
 
 def test_peak_memory_follows_a_growing_machine(monkeypatch):
@@ -305,6 +344,6 @@ def test_wheels_torch_names_the_cells_torch_build(capsys, monkeypatch):
     monkeypatch.setenv("ATTNKIT_TORCH_INDEX", "https://mirror.example/torch/cu130")
     assert main(["wheels", "torch", "--cell", "torch2.14-cu130-py312"]) == 0
     assert capsys.readouterr().out.strip() == "torch==2.14.1 --index-url https://mirror.example/torch/cu130"
-    assert main(["wheels", "torch", "--cell", "torch2.14-cu999-py312"]) == 2
+    assert main(["wheels", "torch", "--cell", "torch2.14-cu999-py312"]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--cell: unknown cell 'torch2.14-cu999-py312'" in err

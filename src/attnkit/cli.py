@@ -1,5 +1,6 @@
-"""The `attnkit` command: parses arguments, calls the library, prints. Every user error is one line on
-stderr ("attnkit: error: ...") with exit status 2; no tracebacks."""
+"""The `attnkit` command: parses arguments, calls the library, prints. Every error is one line on stderr
+("attnkit: error: ..."), no traceback: exit status 2 for a usage error (the command line itself), 1 for a
+failure (a bad file, a missing tool, a wheel that does not fit)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from attnkit.errors import AttnkitError
+from attnkit.errors import AttnkitError, UsageError
 
 FORMATS = ("table", "json", "github", "bake", "markdown")
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise AttnkitError(f"{self.prog}: {message}")
+        raise UsageError(f"{self.prog}: {message}")
 
 
 def _cmd_matrix(a: argparse.Namespace) -> int:
@@ -96,7 +97,7 @@ def _cmd_warmup(a: argparse.Namespace) -> int:
     from attnkit.runtime.warmup import load_shapes, run_warmup, shapes_from_model
 
     if bool(a.shapes) == bool(a.model):
-        raise AttnkitError("warmup: give --shapes FILE.json or --model CONFIG (config.json or its folder)")
+        raise UsageError("warmup: give --shapes FILE.json or --model CONFIG (config.json or its folder)")
     shapes = load_shapes(a.shapes) if a.shapes else shapes_from_model(a.model, a.seqlen, a.batch, a.dtype)
     return run_warmup(shapes, report=a.report, dry_run=a.dry_run, as_json=a.json)
 
@@ -218,9 +219,9 @@ def _cmd_wheels_torch(a: argparse.Namespace) -> int:
 def _cmd_index_build(a: argparse.Namespace) -> int:
     from attnkit.wheels.index import build_index
 
-    entries = build_index(Path(a.dir), Path(a.out), a.base_url)
-    print(f"{a.out}: indexed {len(entries)} wheel(s) of {len({e.project for e in entries})} project(s), "
-          f"{len({e.cell for e in entries})} cell page(s)")
+    entries = build_index(Path(a.dir), Path(a.out), a.base_url, a.site_url)
+    print(f"{a.out}: indexed {len(entries)} wheel(s) of {len({e.project for e in entries})} project(s) in "
+          f"{len({e.key for e in entries})} index(es) (one per key), {len({e.cell for e in entries})} cell page(s)")
     return 0
 
 
@@ -257,35 +258,78 @@ def _cmd_images_build(a: argparse.Namespace) -> int:
     return 0
 
 
-def _default_index(a: argparse.Namespace) -> str:
+def _default_site(a: argparse.Namespace) -> str:
     if a.index:
         return str(a.index)
     from attnkit.matrix import load_matrix
 
-    return load_matrix(None).publish.wheel_index
+    return load_matrix(None).publish.wheel_site
+
+
+def _chosen(a: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from attnkit.wheels import pyenv
+    from attnkit.wheels.resolve import choose, index_url, listing
+
+    env = pyenv.describe(a.python)
+    simple = index_url(_default_site(a), env)
+    return env, simple, choose(listing(simple, a.package), env, a.package)
 
 
 def _cmd_wheel_url(a: argparse.Namespace) -> int:
-    from attnkit.wheels import pyenv
-    from attnkit.wheels.resolve import choose, listing
+    from attnkit.wheels.index import install_commands
 
-    c = choose(listing(_default_index(a), a.package), pyenv.describe(a.python), a.package)
+    _, simple, c = _chosen(a)
     print(f"{c.url}#sha256={c.sha256}" if c.sha256 else c.url)
+    for tool, cmd in install_commands(simple, a.package, c.version.public).items():
+        print(f"{tool + ':':4} {cmd}", file=sys.stderr)
     return 0
 
 
 def _cmd_install(a: argparse.Namespace) -> int:
-    from attnkit.wheels import pyenv
-    from attnkit.wheels.resolve import choose, install, listing
+    from attnkit.wheels.resolve import install
 
-    c = choose(listing(_default_index(a), a.package), pyenv.describe(a.python), a.package)
-    install(c, a.package, python=a.python)
-    print(f"installed {c.filename} (sha256 {c.sha256})")
+    env, _, c = _chosen(a)
+    tool = install(c, a.package, env, deps=not a.no_deps)
+    print(f"installed {c.filename} (sha256 {c.sha256}) with {tool}; torch stays {env.torch}")
     return 0
+
+
+def _cmd_index_key(a: argparse.Namespace) -> int:
+    from attnkit.matrix import naming
+
+    if a.torch is None and a.cuda is None:
+        from attnkit.wheels import pyenv
+
+        print(pyenv.describe(a.python).index_key())
+        return 0
+    if a.torch is None or a.cuda is None:
+        raise UsageError("index key: give both --torch X.Y and --cuda X.Y (or neither: the key of --python's torch)")
+    abi = a.abi
+    if abi is None:
+        from attnkit.matrix import load_matrix
+
+        rel = load_matrix(a.file).torch.get(a.torch)
+        if rel is None:
+            raise UsageError(f"--torch {a.torch}: not in the matrix; pass --abi TRUE|FALSE")
+        abi = "TRUE" if rel.cxx11_abi else "FALSE"
+    print(naming.index_key(a.cuda, a.torch, abi == "TRUE"))
+    return 0
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("attnkit")
+    except PackageNotFoundError:  # run from a source tree that is not installed (PYTHONPATH=src)
+        from attnkit import __version__
+
+        return __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="attnkit", description=__doc__)
+    p.add_argument("--version", action="version", version=f"attnkit {_version()}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     mx = sub.add_parser("matrix", help="expand matrix.yaml into cells")
@@ -345,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--file", help="matrix file")
 
     def cell_args(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--package", help="recipe wheels/<NAME>.toml")
+        sp.add_argument("--package", help="a packaged recipe: flash-attn or xformers")
         sp.add_argument("--recipe", help="a recipe file instead of --package")
         cell_only(sp)
         sp.add_argument("--python", default=sys.executable, help="interpreter with the cell's torch")
@@ -397,13 +441,22 @@ def build_parser() -> argparse.ArgumentParser:
     wto.add_argument("--format", choices=("pip", "json"), default="pip")
     wto.set_defaults(func=_cmd_wheels_torch)
 
-    ix = sub.add_parser("index", help="PEP 503 index of verified wheels")
+    ix = sub.add_parser("index", help="the wheel site: one PEP 503 index per environment key")
     isub = ix.add_subparsers(dest="index_command", required=True, parser_class=_Parser)
-    ib = isub.add_parser("build", help="write a static index (+ a find-links page per cell)")
+    ib = isub.add_parser("build", help="write SITE/<key>/simple/ per key, a find-links page per cell, a landing page")
     ib.add_argument("dir", help="wheelhouse with verified wheels")
     ib.add_argument("--out", default="site")
-    ib.add_argument("--base-url", help="link wheels here (e.g. release assets) instead of copying them")
+    ib.add_argument("--base-url", help="link wheels here (e.g. release assets) instead of copying them; upload "
+                    "SITE/files/*.metadata there too")
+    ib.add_argument("--site-url", help="where the site is served (absolute URLs on the landing page)")
     ib.set_defaults(func=_cmd_index_build)
+    ik = isub.add_parser("key", help="the index key of an environment (default: --python's torch)")
+    ik.add_argument("--python", default=sys.executable, help="interpreter whose torch decides (default: this one)")
+    ik.add_argument("--torch", metavar="X.Y", help="instead: torch major.minor ...")
+    ik.add_argument("--cuda", metavar="X.Y", help="... and its CUDA")
+    ik.add_argument("--abi", choices=("TRUE", "FALSE"), help="C++11 ABI (default: the matrix's, for --torch)")
+    ik.add_argument("--file", help="matrix file (for the default --abi)")
+    ik.set_defaults(func=_cmd_index_key)
 
     im = sub.add_parser("images", help="build a cell's image")
     imsub = im.add_subparsers(dest="images_command", required=True, parser_class=_Parser)
@@ -427,12 +480,17 @@ def build_parser() -> argparse.ArgumentParser:
     ibd.add_argument("--file")
     ibd.set_defaults(func=_cmd_images_build)
 
-    for name, func, text in (("wheel-url", _cmd_wheel_url, "print the URL of the wheel that fits this environment"),
-                             ("install", _cmd_install, "install the wheel that fits, hash-checked")):
+    for name, func, text in (("wheel-url", _cmd_wheel_url, "print the URL of the wheel that fits this environment "
+                                                           "(and the pip / uv commands, on stderr)"),
+                             ("install", _cmd_install, "install the wheel that fits, hash-checked, with its "
+                                                       "dependencies; torch is never changed")):
         sp = sub.add_parser(name, help=text)
         sp.add_argument("package")
-        sp.add_argument("--index", help="PEP 503 index URL or folder (default: matrix.yaml publish.wheel_index)")
-        sp.add_argument("--python", default=sys.executable)
+        sp.add_argument("--index", help="a wheel site (URL or folder; its <key>/simple is used) or one simple index "
+                        "(ends in /simple); default: matrix.yaml publish.wheel_site")
+        sp.add_argument("--python", default=sys.executable, help="the environment's interpreter (default: this one)")
+        if name == "install":
+            sp.add_argument("--no-deps", action="store_true", help="install the wheel alone")
         sp.set_defaults(func=func)
     return p
 
@@ -440,15 +498,20 @@ def build_parser() -> argparse.ArgumentParser:
 def _validate_versions(a: argparse.Namespace) -> None:
     import re
 
-    if a.command not in ("matrix", "ci-plan"):
+    opts: tuple[str, ...]
+    if a.command in ("matrix", "ci-plan"):
+        opts, cpu_ok = ("torch", "python"), True
+    elif getattr(a, "index_command", None) == "key":
+        opts, cpu_ok = ("torch",), False  # its --python is an interpreter; wheels need CUDA
+    else:
         return
-    for opt in ("torch", "python"):
+    for opt in opts:
         val = getattr(a, opt, None)
         if val is not None and not re.match(r"^\d+\.\d+$", val):
-            raise AttnkitError(f"--{opt}: {val!r} is not MAJOR.MINOR (e.g. 2.11)")
+            raise UsageError(f"--{opt}: {val!r} is not MAJOR.MINOR (e.g. 2.11)")
     cuda = getattr(a, "cuda", None)
-    if cuda is not None and cuda != "cpu" and not re.match(r"^\d+\.\d+$", cuda):
-        raise AttnkitError(f"--cuda: {cuda!r} is not MAJOR.MINOR (e.g. 13.0) or 'cpu'")
+    if cuda is not None and not (cpu_ok and cuda == "cpu") and not re.match(r"^\d+\.\d+$", cuda):
+        raise UsageError(f"--cuda: {cuda!r} is not MAJOR.MINOR (e.g. 13.0){' or cpu' if cpu_ok else ''}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -464,9 +527,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         _validate_versions(args)
         func: Callable[[argparse.Namespace], int] = args.func
         return func(args)
-    except AttnkitError as exc:
+    except UsageError as exc:
         print(f"attnkit: error: {exc}", file=sys.stderr)
         return 2
+    except AttnkitError as exc:
+        print(f"attnkit: error: {exc}", file=sys.stderr)
+        return 1
     except BrokenPipeError:
         return 0
     except KeyboardInterrupt:

@@ -12,3 +12,7 @@ class AttnkitError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+
+class UsageError(AttnkitError):
+    """The command line itself is wrong (a missing or malformed argument): exit status 2, like argparse."""

@@ -14,12 +14,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attnkit._progress import run_streamed
 from attnkit.errors import AttnkitError
+from attnkit.images.context import source_tree
 from attnkit.matrix import emit, naming
 from attnkit.matrix.expand import Cell
 from attnkit.matrix.schema import Matrix
 
-ROOT = Path(__file__).resolve().parents[3]
+_STEP = re.compile(r"^(STEP \d+/\d+|#\d+ \[)")
 
 
 def detect_builder() -> str:
@@ -70,8 +72,8 @@ def wheelhouse_digest(folder: Path) -> str:
     return h.hexdigest()
 
 
-def _git_revision() -> str:
-    r = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
+def _git_revision(tree: Path) -> str:
+    r = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
     return r.stdout.strip() or "unknown"
 
 
@@ -92,13 +94,16 @@ def _explain_failure(output: str) -> str:
 
 def build_image(m: Matrix, cell: Cell, variant: str = "runtime", *, target: str | None = None,
                 base_image: str | None = None, builder: str | None = None, tag: str | None = None,
-                context: Path = ROOT, log: Path | None = None) -> ImageReport:
+                context: Path = Path(), log: Path | None = None) -> ImageReport:
+    """Build one target of the Dockerfile of attnkit's source tree, over `context` (which holds wheelhouse/ and
+    the files the Dockerfile copies), showing the builder's steps as progress."""
     target = target or variant
+    tree = source_tree()
     builder = builder or detect_builder()
     if not (context / "wheelhouse" / "requirements.txt").is_file():
         raise AttnkitError(f"images: {context / 'wheelhouse'} has no requirements.txt; run "
                            f"`attnkit images wheelhouse --cell {cell.id} --out {context / 'wheelhouse'}` first")
-    args = build_args(cell, variant, base_image, _git_revision())
+    args = build_args(cell, variant, base_image, _git_revision(tree))
     args["WHEELHOUSE_DIGEST"] = wheelhouse_digest(context / "wheelhouse")
     tag = tag or (cell.image_tags[variant][0] if target == variant else f"localhost/attnkit:{cell.id}-{target}")
     rep = ImageReport(cell.id, variant, target, builder, tag, args["BASE_IMAGE"])
@@ -111,20 +116,19 @@ def build_image(m: Matrix, cell: Cell, variant: str = "runtime", *, target: str 
             bake["target"][name]["target"] = target
             bake["target"][name]["tags"] = [tag]
             json.dump(bake, f)
-        cmd = ["docker", "buildx", "bake", "-f", str(ROOT / "docker" / "docker-bake.hcl"), "-f", f.name,
+        cmd = ["docker", "buildx", "bake", "-f", str(tree / "docker" / "docker-bake.hcl"), "-f", f.name,
                "--load", "--set", f"{name}.cache-to=", name]
     else:
         cmd = ["podman", "build", "--isolation", "chroot", "--network", "host", "--layers",
-               "-f", str(ROOT / "docker" / "Dockerfile"), "--target", target, "-t", tag]
+               "-f", str(tree / "docker" / "Dockerfile"), "--target", target, "-t", tag]
         for k, v in args.items():
             cmd += ["--build-arg", f"{k}={v}"]
         cmd.append(str(context))
-    r = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=context)
+    rc, output = run_streamed(cmd, f"{builder} build {cell.id} ({target})", _STEP, cwd=context)
     rep.seconds = round(time.monotonic() - t0, 1)
-    output = r.stdout + r.stderr
     if log:
         log.write_text(" ".join(cmd) + "\n" + output)
-    if r.returncode != 0:
+    if rc != 0:
         raise AttnkitError(f"images: {builder} build of {cell.id} ({target}) failed: {_explain_failure(output)}")
     rep.steps = len(re.findall(r"^STEP \d+/\d+", output, flags=re.M)) or output.count("#")
     rep.cache_hits = len(re.findall(r"Using cache|CACHED", output))

@@ -22,6 +22,8 @@ from pathlib import Path
 from packaging.utils import parse_wheel_filename
 
 from attnkit.errors import AttnkitError
+from attnkit.images.context import source_tree
+from attnkit.matrix import naming
 from attnkit.matrix.expand import Cell
 from attnkit.wheels.pyenv import torch_requirement
 
@@ -32,15 +34,13 @@ NOX_VERSION = "2026.10.20"
 # cuDNN graphs load libcudnn from torch's own nvidia-cudnn wheel), as checked on the H200 (docs/results).
 CUDNN_FRONTEND_VERSION = "1.32.0"
 DEVEL_TOOLS = ("setuptools", "wheel", "ninja", "packaging", "psutil")
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def _platform_args(cell: Cell) -> list[str]:
-    py = cell.python.replace(".", "")
     plats = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "linux_x86_64"]
-    return ["--only-binary=:all:", "--python-version", cell.python, "--implementation", "cp", "--abi", f"cp{py}",
-            *[x for p in plats for x in ("--platform", p)]]
+    return ["--only-binary=:all:", "--python-version", cell.python, "--implementation", "cp",
+            "--abi", naming.cpython_tag(cell.python), *[x for p in plats for x in ("--platform", p)]]
 
 
 def _pip(args: list[str], what: str) -> None:
@@ -79,13 +79,14 @@ def build_wheelhouse(cell: Cell, out: Path, wheels: Path | None = None, index: s
                 raise AttnkitError(f"wheelhouse: {src.name} has no verification report; refusing an unverified wheel")
             shutil.copyfile(src, stage / src.name)
             picked.append(src.name)
-        # attnkit from this checkout
+        # attnkit from its checkout; its dependencies come with the closure below, from its own metadata
         with tempfile.TemporaryDirectory() as tmp:
-            _pip(["wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp, str(ROOT)], "building attnkit's wheel")
-            for w in Path(tmp).glob("*.whl"):
-                shutil.copyfile(w, stage / w.name)
-        reqs = [torch_req, f"nox=={NOX_VERSION}", "pydantic>=2.7,<3", "PyYAML>=6",
-                "packaging>=23", "rich>=13", "numpy"]
+            _pip(["wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp, str(source_tree())],
+                 "building attnkit's wheel")
+            (own,) = Path(tmp).glob("attnkit-*.whl")
+            shutil.copyfile(own, stage / own.name)
+        own_version = parse_wheel_filename(own.name)[1]
+        reqs = [torch_req, f"nox=={NOX_VERSION}", f"attnkit=={own_version}", "numpy"]
         reqs += [f"{p.name}=={p.version}" for p in cell.packages]  # their dependencies (einops, ...)
         _pip(["download", "-q", "--dest", str(stage), "--extra-index-url", index, "--find-links", str(stage),
               *_platform_args(cell), *reqs], f"downloading the closure of {', '.join(reqs[:3])}, ...")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from attnkit.errors import AttnkitError
 from attnkit.matrix import naming
-from attnkit.matrix.schema import VARIANTS, CellSpec, Matrix, Package, vkey
+from attnkit.matrix.schema import VARIANTS, CellSpec, Matrix, Package, combination_reasons, vkey
 
 
 @dataclass(frozen=True)
@@ -49,34 +49,6 @@ class CellFilter:
     cuda: str | None = None  # "X.Y" or "cpu"
     python: str | None = None
     package: str | None = None
-
-
-def combination_reasons(m: Matrix, torch: str | None, cuda: str | None, python: str | None) -> list[str]:
-    """Why (torch, cuda, python) cannot exist, per PyTorch's release table; [] when it can.
-
-    `cuda` is "X.Y", "cpu" or None (any); missing parts match anything.
-    """
-    reasons: list[str] = []
-    if torch is not None and torch not in m.torch:
-        known = ", ".join(sorted(m.torch, key=vkey))
-        return [f"torch {torch} is not in the matrix (known: {known})"]
-    if cuda not in (None, "cpu") and cuda not in m.cuda:
-        known = ", ".join(sorted(m.cuda, key=vkey))
-        return [f"CUDA {cuda} is not in the matrix (known: {known}, or cpu)"]
-    releases = [torch] if torch is not None else list(m.torch)
-    for minor in releases:
-        rel = m.torch[minor]
-        why: list[str] = []
-        if cuda not in (None, "cpu") and cuda not in rel.all_cuda():
-            why.append(f"torch {minor} does not ship CUDA {cuda} (it ships {', '.join(rel.all_cuda())}; "
-                       f"source: {rel.source})")
-        if python is not None and not rel.python.contains(python):
-            why.append(f"torch {minor} supports Python {rel.python.min}-{rel.python.max}, not {python} "
-                       f"(source: {rel.source})")
-        if not why:
-            return []
-        reasons.extend(why)
-    return reasons if torch is not None else [f"no torch release fits: {'; '.join(reasons)}"]
 
 
 def package_reasons(pkg_name: str, pkg: Package, torch: str, cuda: str | None) -> list[str]:
@@ -179,33 +151,9 @@ def _make_cell(m: Matrix, torch: str, cuda: str | None, python: str, newest: boo
     )
 
 
-def rule_problems(m: Matrix) -> list[tuple[tuple[str | int, ...], str]]:
-    """Include/cpu/reference cells that PyTorch's table forbids: (location, message) each."""
-    out: list[tuple[tuple[str | int, ...], str]] = []
-    for i, spec in enumerate(m.build.include):
-        if spec.torch is None or spec.cuda is None or spec.python is None:
-            out.append((("build", "include", i), "needs torch, cuda and python"))
-            continue
-        why = combination_reasons(m, spec.torch, spec.cuda, spec.python)
-        if why:
-            out.append((("build", "include", i), "; ".join(why)))
-    for i, cpu in enumerate(m.build.cpu):
-        why = combination_reasons(m, cpu.torch, "cpu", cpu.python)
-        if why:
-            out.append((("build", "cpu", i), "; ".join(why)))
-    ref = m.reference_cell
-    why = combination_reasons(m, ref.torch, ref.cuda, ref.python)
-    if why:
-        out.append((("reference_cell",), "; ".join(why)))
-    return out
-
-
 def all_cells(m: Matrix) -> list[Cell]:
-    """Every cell the build rules produce, CUDA cells first, sorted by torch, CUDA, Python."""
-    problems = rule_problems(m)
-    if problems:
-        loc, msg = problems[0]
-        raise AttnkitError(f"matrix {'.'.join(map(str, loc))}: {msg}")
+    """Every cell the build rules produce, CUDA cells first, sorted by torch, CUDA, Python. The rules were
+    checked against the compatibility facts once, when the matrix was loaded (schema.problems)."""
     triples: list[tuple[str, str | None, str]] = []
     for torch in sorted(m.torch, key=vkey):
         rel = m.torch[torch]

@@ -10,23 +10,20 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from attnkit import data
 from attnkit.errors import AttnkitError
-from attnkit.matrix.schema import Matrix, cross_problems
+from attnkit.matrix.schema import Matrix, problems
 
 Path_ = tuple[str | int, ...]
 
-# Repository checkout: src/attnkit/matrix/load.py -> repo root.
-_REPO_ROOT = Path(__file__).resolve().parents[3]
-DEFAULT_MATRIX = _REPO_ROOT / "matrix.yaml"
+ENV_MATRIX = "ATTNKIT_MATRIX"
 
 
 def default_matrix_path() -> Path:
-    """$ATTNKIT_MATRIX, else ./matrix.yaml, else the checkout's matrix.yaml."""
-    env = os.environ.get("ATTNKIT_MATRIX")
-    if env:
-        return Path(env)
-    here = Path.cwd() / "matrix.yaml"
-    return here if here.is_file() else DEFAULT_MATRIX
+    """$ATTNKIT_MATRIX, else the matrix.yaml shipped inside attnkit (the checkout's top-level matrix.yaml is a
+    link to that same file)."""
+    env = os.environ.get(ENV_MATRIX)
+    return Path(env) if env else data.packaged(data.MATRIX)
 
 
 class _LineLoader(yaml.SafeLoader):
@@ -137,19 +134,17 @@ def parse_matrix(text: str, source: str) -> Matrix:
         m = Matrix.model_validate(data)
     except ValidationError as exc:
         raise AttnkitError(format_validation_error(source, exc, _line_index(node))) from None
-    from attnkit.matrix.expand import rule_problems
-
-    problems = cross_problems(m) or rule_problems(m)
-    if problems:
-        loc, msg = problems[0]
+    found = problems(m)
+    if found:
+        loc, msg = found[0]
         at = _nearest_line(_line_index(node), loc)
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
         raise AttnkitError(f"{source}{f':{at}' if at else ''}: {_dotted(loc)}: {msg}{more}")
     return m
 
 
 def load_matrix(path: str | Path | None = None) -> Matrix:
-    """Load and validate a matrix file (default: the repository's matrix.yaml)."""
+    """Load and validate a matrix file (default: $ATTNKIT_MATRIX, else the packaged matrix.yaml)."""
     p = Path(path) if path is not None else default_matrix_path()
     try:
         text = p.read_text(encoding="utf-8")

@@ -19,10 +19,19 @@ def _nodot(version: str) -> str:
     return version.replace(".", "")
 
 
+def accelerator_label(cuda: str | None) -> str:
+    """PyTorch's label for a build: 'cu130' for CUDA 13.0, 'cpu'. Its index is download.pytorch.org/whl/<label>."""
+    return f"cu{_nodot(cuda)}" if cuda else "cpu"
+
+
+def cpython_tag(python: str) -> str:
+    """'3.12' -> 'cp312' (the interpreter and ABI tag of CPython wheels)."""
+    return f"cp{_nodot(python)}"
+
+
 def cell_id(torch: str, cuda: str | None, python: str) -> str:
     """'torch2.11-cu130-py312' (or 'torch2.13-cpu-py311'): stable, readable, usable as an image tag."""
-    accel = f"cu{_nodot(cuda)}" if cuda else "cpu"
-    return f"torch{torch}-{accel}-py{_nodot(python)}"
+    return f"torch{torch}-{accelerator_label(cuda)}-py{_nodot(python)}"
 
 
 def bake_target(cid: str, variant: str) -> str:
@@ -50,8 +59,7 @@ def moving_tags(registry: str, image: str, torch: str, cuda: str | None, variant
     repo = image_repo(registry, image)
     tags: list[str] = []
     if newest_python:
-        accel = f"cu{_nodot(cuda)}" if cuda else "cpu"
-        tags.append(f"{repo}:torch{torch}-{accel}{suffix}")
+        tags.append(f"{repo}:torch{torch}-{accelerator_label(cuda)}{suffix}")
     if reference:
         tags.append(f"{repo}:latest{suffix}")
     return tags
@@ -70,6 +78,19 @@ def wheel_local_version(cuda: str, torch: str, cxx11_abi: bool, arch_subset: str
     return f"{base}.{arch_subset}" if arch_subset else base
 
 
+def index_key(cuda: str, torch: str, cxx11_abi: bool) -> str:
+    """The environment key of the wheel index: one pip index per key (SITE/<key>/simple), the way PyTorch
+    serves one per CUDA. It is the wheels' local version label, so one index never holds two builds that
+    pip would have to order by that label (PEP 440 compares local labels segment by segment as text, so
+    'torch2.9' > 'torch2.14' > 'torch2.11': a flat index over all cells picks the wrong wheel)."""
+    return wheel_local_version(cuda, torch, cxx11_abi)
+
+
+def simple_index_url(site: str, key: str) -> str:
+    """<site>/<key>/simple/: what `pip install --index-url` and `uv pip install --index` take."""
+    return f"{site.rstrip('/')}/{key}/simple/"
+
+
 def parse_local_version(local: str) -> tuple[str, str, bool] | None:
     """Inverse of wheel_local_version: 'cu13torch2.11cxx11abiTRUE' -> ('cu13', '2.11', True).
     Case-insensitive: PEP 440 normalisation lower-cases local versions ('cxx11abitrue')."""
@@ -80,7 +101,7 @@ def parse_local_version(local: str) -> tuple[str, str, bool] | None:
 def wheel_tags(wheel_tag: str, python: str) -> tuple[str, str]:
     """(python tag, abi tag) for a package's tag style."""
     if wheel_tag == "cpython":
-        return f"cp{_nodot(python)}", f"cp{_nodot(python)}"
+        return cpython_tag(python), cpython_tag(python)
     if wheel_tag == "py39-none":
         return "py39", "none"
     raise ValueError(f"unknown wheel_tag {wheel_tag!r}")

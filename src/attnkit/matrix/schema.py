@@ -1,8 +1,9 @@
 """The validated model of matrix.yaml.
 
 Types carry the rules (version formats, closed key sets) so a malformed file fails at load time with
-a message naming the field; cross-field facts (a CUDA named by a torch release must be described under
-`cuda:`) are checked in `Matrix`'s validator so the same one-line error path reports them.
+a message naming the field; facts that span fields (a CUDA named by a torch release must be described under
+`cuda:`, a cell the build rules name must be one PyTorch ships) are listed by `problems()`, which the loader
+runs once and reports through the same one-line error path, with the line.
 """
 
 from __future__ import annotations
@@ -160,7 +161,7 @@ class Package(_Strict):
 class Publish(_Strict):
     registry: str
     image: str = Field(pattern=r"^[a-z0-9][a-z0-9._/-]*$")
-    wheel_index: str = Field(pattern=r"^https?://")
+    wheel_site: str = Field(pattern=r"^https?://")  # the site root; each key's index is <site>/<key>/simple
     platforms: list[Literal["linux/amd64", "linux/arm64"]] = Field(min_length=1)
 
 
@@ -201,9 +202,42 @@ class Matrix(_Strict):
     reference_cell: ReferenceCell
 
 
-def cross_problems(m: Matrix) -> list[tuple[tuple[str | int, ...], str]]:
-    """Facts that span fields: (location, message) for each, so the loader can name the line."""
-    out: list[tuple[tuple[str | int, ...], str]] = []
+Problem = tuple[tuple[str | int, ...], str]
+
+
+def combination_reasons(m: Matrix, torch: str | None, cuda: str | None, python: str | None) -> list[str]:
+    """Why (torch, cuda, python) cannot exist, per PyTorch's release table; [] when it can.
+
+    `cuda` is "X.Y", "cpu" or None (any); missing parts match anything.
+    """
+    reasons: list[str] = []
+    if torch is not None and torch not in m.torch:
+        known = ", ".join(sorted(m.torch, key=vkey))
+        return [f"torch {torch} is not in the matrix (known: {known})"]
+    if cuda not in (None, "cpu") and cuda not in m.cuda:
+        known = ", ".join(sorted(m.cuda, key=vkey))
+        return [f"CUDA {cuda} is not in the matrix (known: {known}, or cpu)"]
+    releases = [torch] if torch is not None else list(m.torch)
+    for minor in releases:
+        rel = m.torch[minor]
+        why: list[str] = []
+        if cuda not in (None, "cpu") and cuda not in rel.all_cuda():
+            why.append(f"torch {minor} does not ship CUDA {cuda} (it ships {', '.join(rel.all_cuda())}; "
+                       f"source: {rel.source})")
+        if python is not None and not rel.python.contains(python):
+            why.append(f"torch {minor} supports Python {rel.python.min}-{rel.python.max}, not {python} "
+                       f"(source: {rel.source})")
+        if not why:
+            return []
+        reasons.extend(why)
+    return reasons if torch is not None else [f"no torch release fits: {'; '.join(reasons)}"]
+
+
+def problems(m: Matrix) -> list[Problem]:
+    """Every fact that spans fields, checked ONCE, by the loader, which names the line of each: releases and
+    their CUDAs are described, and every cell the build rules name (include, cpu, reference) is one that
+    PyTorch's table allows. (location, message) each."""
+    out: list[Problem] = []
     for minor, release in m.torch.items():
         parsed = Version(release.version)
         if f"{parsed.major}.{parsed.minor}" != minor:
@@ -214,4 +248,19 @@ def cross_problems(m: Matrix) -> list[tuple[tuple[str | int, ...], str]]:
                     known = ", ".join(sorted(m.cuda, key=vkey))
                     out.append((("torch", minor, "cuda", field_name, i),
                                 f"CUDA {cuda} has no entry under cuda: (described: {known})"))
+    for i, spec in enumerate(m.build.include):
+        if spec.torch is None or spec.cuda is None or spec.python is None:
+            out.append((("build", "include", i), "needs torch, cuda and python"))
+            continue
+        why = combination_reasons(m, spec.torch, spec.cuda, spec.python)
+        if why:
+            out.append((("build", "include", i), "; ".join(why)))
+    for i, cpu in enumerate(m.build.cpu):
+        why = combination_reasons(m, cpu.torch, "cpu", cpu.python)
+        if why:
+            out.append((("build", "cpu", i), "; ".join(why)))
+    ref = m.reference_cell
+    why = combination_reasons(m, ref.torch, ref.cuda, ref.python)
+    if why:
+        out.append((("reference_cell",), "; ".join(why)))
     return out

@@ -595,7 +595,7 @@ def run_bench(out: str | None = None, quick: bool = False, png: bool = True, onl
     from rich.console import Console
     from rich.table import Table
 
-    from attnkit.errors import AttnkitError
+    from attnkit.errors import AttnkitError, UsageError
     from attnkit.runtime.probe import probe
 
     p = probe()
@@ -608,7 +608,7 @@ def run_bench(out: str | None = None, quick: bool = False, png: bool = True, onl
         known = {s.label for s in shapes_to_run}
         for label in only:
             if label not in known:
-                raise AttnkitError(f"--shape: unknown shape {label!r}; known: {', '.join(sorted(known))}")
+                raise UsageError(f"--shape: unknown shape {label!r}; known: {', '.join(sorted(known))}")
         shapes_to_run = [s for s in shapes_to_run if s.label in only]
     con = Console(width=200)
     if device == "cuda":

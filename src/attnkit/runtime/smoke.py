@@ -178,17 +178,17 @@ def run_smoke(report: str | None = None, backends: list[str] | None = None, case
     from rich.console import Console
 
     from attnkit._io import write_atomic
-    from attnkit.errors import AttnkitError
+    from attnkit.errors import UsageError
     from attnkit.runtime.backends import REGISTRY
     from attnkit.runtime.doctor import report as doctor_report
     from attnkit.runtime.probe import probe
 
     for name in backends or []:
         if name not in REGISTRY and name != AUTO:
-            raise AttnkitError(f"--backend: unknown backend {name!r}; known: {', '.join([*REGISTRY, AUTO])}")
+            raise UsageError(f"--backend: unknown backend {name!r}; known: {', '.join([*REGISTRY, AUTO])}")
     for name in cases or []:
         if name not in CASES:
-            raise AttnkitError(f"--case: unknown case {name!r}; known: {', '.join(CASES)}")
+            raise UsageError(f"--case: unknown case {name!r}; known: {', '.join(CASES)}")
     con = Console(width=160, quiet=quiet)
     p = probe()
     if p.torch is None:

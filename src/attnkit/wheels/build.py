@@ -20,12 +20,12 @@ import sys
 import tarfile
 import threading
 import time
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from attnkit._io import cache_dir
+from attnkit._progress import Counter, download
 from attnkit.errors import AttnkitError
 from attnkit.matrix import naming
 from attnkit.wheels import pyenv
@@ -77,19 +77,12 @@ def fetch_sdist(url: str, sha256: str, cache: Path) -> Path:
     dest = cache / "sdists" / url.rsplit("/", 1)[-1]
     if dest.is_file() and hashlib.sha256(dest.read_bytes()).hexdigest() == sha256:
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_suffix(dest.suffix + ".part")
-    try:
-        with urllib.request.urlopen(url, timeout=120) as r, tmp.open("wb") as f:
-            shutil.copyfileobj(r, f)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise AttnkitError(f"sdist: cannot download {url} ({exc})") from None
-    got = hashlib.sha256(tmp.read_bytes()).hexdigest()
+    got_path = download(url, dest.with_name(dest.name + ".new"), f"sdist {dest.name}")
+    got = hashlib.sha256(got_path.read_bytes()).hexdigest()
     if got != sha256:
-        tmp.unlink(missing_ok=True)
+        got_path.unlink(missing_ok=True)
         raise AttnkitError(f"sdist: {url} has sha256 {got}, matrix.yaml says {sha256}")
-    tmp.replace(dest)
+    got_path.replace(dest)
     return dest
 
 
@@ -168,50 +161,6 @@ class BuildReport:
     verify: dict[str, Any] = field(default_factory=dict)
 
 
-class _Progress:
-    """Objects done / total with elapsed and estimate; rich live bar on a terminal, lines otherwise."""
-
-    def __init__(self, label: str) -> None:
-        self.label, self.start, self.done, self.total = label, time.monotonic(), 0, 0
-        self.first: int | None = None
-        self._last_print = 0.0
-        self._bar: Any = None
-        if sys.stderr.isatty():
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-
-            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), TimeRemainingColumn(), transient=False)
-            self._bar.start()
-            self._task = self._bar.add_task(label, total=None)
-
-    def update(self, done: int, total: int) -> None:
-        if self.first is None:
-            self.first = done - 1  # ninja counts from the first object it had to (re)build
-        self.done, self.total = done, total
-        if self._bar is not None:
-            self._bar.update(self._task, completed=done, total=total)
-            return
-        now = time.monotonic()
-        if now - self._last_print >= 15 or done == total:
-            self._last_print = now
-            elapsed = now - self.start
-            rate = (done - (self.first or 0)) / elapsed if elapsed > 0 else 0
-            eta = (total - done) / rate if rate > 0 else float("nan")
-            print(f"{self.label}: {done}/{total} objects, {elapsed / 60:.1f} min elapsed, ~{eta / 60:.1f} min left",
-                  file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-
-
 def memory_used_gib() -> float | None:
     """MemTotal - MemAvailable, both read now: on VMs whose memory grows as it is used (Firecracker
     balloons), a MemTotal read once at the start would understate the peak."""
@@ -236,7 +185,7 @@ def run_build(spec: BuildSpec, src: Path, env: dict[str, str], python: str, dist
     dist.mkdir(parents=True)
     cmd = [python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-cache-dir", "-v",
            "-w", str(dist), str(src)]
-    progress = _Progress(f"{spec.package} {spec.cell.id}")
+    progress = Counter(f"{spec.package} {spec.cell.id}")
     mem: list[float] = []
     stop = threading.Event()
     watcher = threading.Thread(target=_watch_memory, args=(stop, mem), daemon=True)

@@ -1,6 +1,15 @@
-"""A static PEP 503 simple index (per-file `#sha256=` and `data-requires-python`) plus one find-links page per
-cell, ready for GitHub Pages or release hosting. Only verified wheels go in: each needs its
-`<wheel>.verify.json`, passed, with the same sha256 as the file now."""
+"""The wheel site: ONE pip index per environment key, the way PyTorch serves one index per CUDA.
+
+    SITE/index.html, keys.json              landing page: every key, its CUDA/torch/ABI, the install commands
+    SITE/<key>/simple/<project>/index.html  PEP 503, sha256, Requires-Python, PEP 658/714 metadata
+    SITE/cells/<cell>.html                  one find-links page per cell
+    SITE/files/<wheel>[.metadata]           the wheels (unless --base-url) and their METADATA (PEP 658)
+
+The key is the wheels' local version label (naming.index_key). No flat index over all keys is written:
+PEP 440 orders local labels segment by segment as text, so pip and uv pick torch2.9's wheel over torch2.11's
+there (and downgrade torch). Only verified wheels go in: each needs its `<wheel>.verify.json`, passed, with
+the same sha256 as the file now.
+"""
 
 from __future__ import annotations
 
@@ -9,24 +18,38 @@ import html
 import json
 import shutil
 import tempfile
+import urllib.parse
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import Version
 
 from attnkit.errors import AttnkitError
+from attnkit.matrix import naming
 from attnkit.wheels.build import verification_path
-from attnkit.wheels.retag import read_metadata
+from attnkit.wheels.retag import metadata_bytes, read_metadata
+
+PYPI = "https://pypi.org/simple"
 
 
 @dataclass(frozen=True)
 class Entry:
     project: str
     filename: str
+    version: str
+    key: str
     sha256: str
+    metadata_sha256: str
     requires_python: str | None
     cell: str
     size_bytes: int
+
+
+def local_label(filename: str) -> str:
+    """The local version label exactly as the file names it ('cu13torch2.11cxx11abiTRUE'): the index key."""
+    version = filename.split("-")[1]
+    return version.partition("+")[2]
 
 
 def collect(src: Path) -> list[Entry]:
@@ -51,15 +74,42 @@ def collect(src: Path) -> list[Entry]:
         if sha != rep.get("sha256"):
             raise AttnkitError(f"{w.name}: sha256 {sha} is not the verified {rep.get('sha256')}; the file changed "
                                f"after verification")
-        name = parse_wheel_filename(w.name)[0]
+        key = local_label(w.name)
+        if not key:
+            raise AttnkitError(f"{w.name}: no local version label (+cu13torch2.11cxx11abiTRUE); only wheels named by "
+                               f"attnkit's pipeline are indexed, one index per label")
+        name, version, _, _ = parse_wheel_filename(w.name)
         rp = read_metadata(w).get("Requires-Python", [None])[0]
-        entries.append(Entry(canonicalize_name(name), w.name, sha, rp, rep["cell"], len(data)))
+        meta_sha = hashlib.sha256(metadata_bytes(w)).hexdigest()
+        entries.append(Entry(canonicalize_name(name), w.name, str(version), key, sha, meta_sha, rp, rep["cell"],
+                             len(data)))
     return entries
 
 
-def _anchor(href: str, e: Entry) -> str:
-    rp = f' data-requires-python="{html.escape(e.requires_python, quote=True)}"' if e.requires_python else ""
-    return f'<a href="{html.escape(href, quote=True)}#sha256={e.sha256}"{rp}>{html.escape(e.filename)}</a><br/>'
+def install_commands(index_url: str, project: str, version: str | None = None) -> dict[str, str]:
+    """How a user installs `project` from one key's index, with pip and with uv. Dependencies (einops, ...)
+    come from PyPI. pip merges both indexes and takes the highest version: ours carries a local label, so it
+    outranks the same release on PyPI, and the pin keeps a newer PyPI release (an sdist) out. uv takes a
+    package from the first index that has it (its --index before the default), so it never looks past ours."""
+    req = f"{project}=={version}" if version else project
+    return {
+        "pip": f"pip install {req} --index-url {index_url} --extra-index-url {PYPI}",
+        "uv": f"uv pip install {req} --index {index_url}",
+    }
+
+
+def _href(e: Entry, depth: int, base_url: str | None) -> str:
+    quoted = urllib.parse.quote(e.filename)  # '+' -> '%2B': some servers read a raw '+' in a path as a space
+    return f"{base_url.rstrip('/')}/{quoted}" if base_url else "../" * depth + f"files/{quoted}"
+
+
+def _anchor(e: Entry, depth: int, base_url: str | None) -> str:
+    attrs = [f'href="{html.escape(_href(e, depth, base_url), quote=True)}#sha256={e.sha256}"']
+    if e.requires_python:
+        attrs.append(f'data-requires-python="{html.escape(e.requires_python, quote=True)}"')
+    attrs.append(f'data-dist-info-metadata="sha256={e.metadata_sha256}"')  # PEP 658 (pip < 23.3 reads this one)
+    attrs.append(f'data-core-metadata="sha256={e.metadata_sha256}"')  # PEP 714
+    return f"<a {' '.join(attrs)}>{html.escape(e.filename)}</a><br/>"
 
 
 def _page(title: str, body: list[str]) -> str:
@@ -68,37 +118,76 @@ def _page(title: str, body: list[str]) -> str:
             + "\n".join(body) + "\n</body></html>\n")
 
 
-def build_index(src: Path, out: Path, base_url: str | None = None) -> list[Entry]:
-    """Write the index to `out` (replaced as a whole). Without `base_url` the wheels are copied to
-    out/files/ and linked relatively; with it, links point to `base_url + filename` (release assets)."""
+def _key_facts(key: str) -> dict[str, object]:
+    parsed = naming.parse_local_version(key)
+    if parsed is None:  # a test build for fewer archs ('...TRUE.sm90'): its own key
+        return {"cuda": None, "torch": None, "cxx11_abi": None}
+    cuda, torch, abi = parsed
+    return {"cuda": cuda, "torch": torch, "cxx11_abi": abi}
+
+
+def _landing(keys: dict[str, list[Entry]], site_url: str | None) -> tuple[str, list[dict[str, object]]]:
+    rows, table = [], []
+    for key in sorted(keys):
+        es = keys[key]
+        url = naming.simple_index_url(site_url, key) if site_url else f"{key}/simple/"
+        projects = sorted({e.project for e in es})
+        facts = _key_facts(key)
+        newest = {p: max(Version(e.version) for e in es if e.project == p).public for p in projects}
+        cmds = {p: install_commands(url, p, newest[p]) for p in projects}
+        table.append({"key": key, **facts, "index_url": url, "projects": projects,
+                      "cells": sorted({e.cell for e in es}), "commands": cmds})
+        lines = "<br/>".join(f"<code>{html.escape(c)}</code>" for p in projects for c in cmds[p].values())
+        rows.append(f'<tr><td><a href="{html.escape(key)}/simple/">{html.escape(key)}</a></td>'
+                    f"<td>{facts['cuda'] or '-'}</td><td>{facts['torch'] or '-'}</td>"
+                    f"<td>{html.escape(', '.join(projects))}</td><td>{lines}</td></tr>")
+    body = ["<p>One pip index per environment key: <code>attnkit index key</code> prints yours "
+            "(CUDA major, torch major.minor, C++11 ABI of the installed torch).</p>",
+            "<table><tr><th>key</th><th>CUDA</th><th>torch</th><th>projects</th><th>install</th></tr>",
+            *rows, "</table>"]
+    return _page("attnkit wheels", body), table
+
+
+def build_index(src: Path, out: Path, base_url: str | None = None, site_url: str | None = None) -> list[Entry]:
+    """Write the site to `out` (replaced as a whole, never half-written). Without `base_url` the wheels are
+    copied to out/files/ and linked relatively; with it, links point to `base_url + filename` (release assets),
+    and the `.metadata` files in out/files/ must be uploaded beside them (PEP 658 puts them at the wheel's URL
+    + '.metadata'). `site_url`: where the site will be served, for absolute URLs in the landing page."""
     entries = collect(src)
     out = out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        projects: dict[str, list[Entry]] = {}
+        keys: dict[str, list[Entry]] = {}
         cells: dict[str, list[Entry]] = {}
         for e in entries:
-            projects.setdefault(e.project, []).append(e)
+            keys.setdefault(e.key, []).append(e)
             cells.setdefault(e.cell, []).append(e)
-        if base_url is None:
-            (stage / "files").mkdir()
-            for e in entries:
-                shutil.copyfile(src / e.filename, stage / "files" / e.filename)
-
-        def href(e: Entry, depth: int) -> str:
-            return f"{base_url.rstrip('/')}/{e.filename}" if base_url else "../" * depth + f"files/{e.filename}"
-
-        simple = stage / "simple"
-        simple.mkdir()
-        (simple / "index.html").write_text(_page("Simple index", [f'<a href="{p}/">{p}</a><br/>' for p in sorted(projects)]))
-        for p, es in projects.items():
-            (simple / p).mkdir()
-            (simple / p / "index.html").write_text(_page(f"Links for {p}", [_anchor(href(e, 2), e) for e in es]))
+        files = stage / "files"
+        files.mkdir()
+        for e in entries:
+            if base_url is None:
+                shutil.copyfile(src / e.filename, files / e.filename)
+            (files / f"{e.filename}.metadata").write_bytes(metadata_bytes(src / e.filename))
+        for key, es in keys.items():
+            simple = stage / key / "simple"
+            simple.mkdir(parents=True)
+            projects: dict[str, list[Entry]] = {}
+            for e in es:
+                projects.setdefault(e.project, []).append(e)
+            (simple / "index.html").write_text(_page(f"Simple index {key}",
+                                                     [f'<a href="{p}/">{p}</a><br/>' for p in sorted(projects)]))
+            for p, pes in projects.items():
+                (simple / p).mkdir()
+                (simple / p / "index.html").write_text(_page(f"Links for {p} ({key})",
+                                                             [_anchor(e, 3, base_url) for e in pes]))
         (stage / "cells").mkdir()
         for c, es in cells.items():
             (stage / "cells" / f"{c}.html").write_text(_page(f"attnkit wheels for {c}",
-                                                             [_anchor(href(e, 1), e) for e in es]))
+                                                             [_anchor(e, 1, base_url) for e in es]))
+        landing, table = _landing(keys, site_url)
+        (stage / "index.html").write_text(landing)
+        (stage / "keys.json").write_text(json.dumps(table, indent=1))
         (stage / "index.json").write_text(json.dumps([asdict(e) for e in entries], indent=1))
         old = None
         if out.exists():

@@ -8,16 +8,24 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from attnkit.errors import AttnkitError
+from attnkit.matrix import naming
 from attnkit.matrix.expand import Cell
 
 _PROBE = r"""
-import json, platform, sys
-out = {"python": "%d.%d" % sys.version_info[:2], "machine": platform.machine(), "executable": sys.executable}
+import importlib.util, json, platform, sys
+has_pip = importlib.util.find_spec("pip") is not None  # before attnkit's site-packages is on the path
+sys.path.append(sys.argv[1])  # attnkit's own `packaging`, last: the target's wins if it has one
+from packaging import tags
+out = {"python": "%d.%d" % sys.version_info[:2], "machine": platform.machine(), "executable": sys.executable,
+       "tags": [str(t) for t in tags.sys_tags()], "has_pip": has_pip}
 try:
     import torch
     out.update(torch=torch.__version__, torch_cuda=torch.version.cuda, cxx11_abi=bool(torch._C._GLIBCXX_USE_CXX11_ABI))
+    import importlib.metadata
+    out.update(torch_dist=importlib.metadata.version("torch"))
 except Exception as exc:
     out.update(torch=None, torch_error="%s: %s" % (type(exc).__name__, exc))
 print(json.dumps(out))
@@ -32,6 +40,10 @@ class PyEnv:
     torch: str | None  # "2.11.0+cu130"
     torch_cuda: str | None  # "13.0"
     cxx11_abi: bool | None
+    tags: tuple[str, ...] = ()  # packaging.tags.sys_tags() of that interpreter, most preferred first
+    has_pip: bool = True
+    torch_dist: str | None = None  # the installed distribution's version: PyPI's cu130 torch says "2.11.0"
+    #                                 there and "2.11.0+cu130" in torch.__version__
 
     @property
     def torch_minor(self) -> str | None:
@@ -40,14 +52,32 @@ class PyEnv:
         major, minor = self.torch.split("+")[0].split(".")[:2]
         return f"{major}.{minor}"
 
+    def index_key(self) -> str:
+        """The key of the wheel index that fits this environment (naming.index_key of its torch)."""
+        if self.torch is None or self.torch_minor is None:
+            raise AttnkitError(f"{self.executable}: torch is not installed; install your cell's torch first")
+        if not self.torch_cuda:
+            raise AttnkitError(f"{self.executable}: torch {self.torch} is a CPU build; attnkit's wheels need CUDA "
+                               f"torch")
+        return naming.index_key(self.torch_cuda, self.torch_minor, bool(self.cxx11_abi))
+
 
 def describe(python: str = sys.executable) -> PyEnv:
+    """Ask the interpreter itself: its wheel tags come from packaging.tags evaluated THERE (manylinux glibc,
+    abi3, py3-none all as pip would see them), not from what attnkit's own interpreter is."""
+    import packaging
+
+    ours = str(Path(packaging.__file__).resolve().parents[1])
     try:
-        r = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, check=True, timeout=300)
+        r = subprocess.run([python, "-c", _PROBE, ours], capture_output=True, text=True, check=True, timeout=300)
         d = json.loads(r.stdout.strip().splitlines()[-1])
+    except subprocess.CalledProcessError as exc:
+        last = (exc.stderr.strip().splitlines() or ["?"])[-1]
+        raise AttnkitError(f"--python {python}: cannot run it to read its torch ({last})") from None
     except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
         raise AttnkitError(f"--python {python}: cannot run it to read its torch ({exc})") from None
-    return PyEnv(d["executable"], d["python"], d["machine"], d.get("torch"), d.get("torch_cuda"), d.get("cxx11_abi"))
+    return PyEnv(d["executable"], d["python"], d["machine"], d.get("torch"), d.get("torch_cuda"), d.get("cxx11_abi"),
+                 tuple(d["tags"]), bool(d["has_pip"]), d.get("torch_dist"))
 
 
 def cell_mismatches(env: PyEnv, cell: Cell) -> list[str]:
@@ -73,7 +103,7 @@ ENV_TORCH_INDEX = "ATTNKIT_TORCH_INDEX"  # a mirror of it (air-gapped CI, a loca
 def torch_requirement(cell: Cell) -> tuple[str, str]:
     """(requirement, index URL) of the cell's torch build: PyPI's plain `torch` is one CUDA flavour only,
     so every cell installs from PyTorch's per-CUDA index (or the mirror ATTNKIT_TORCH_INDEX names)."""
-    label = "cpu" if cell.cuda is None else "cu" + cell.cuda.replace(".", "")
+    label = naming.accelerator_label(cell.cuda)
     version = cell.torch_version + ("+cpu" if cell.cuda is None else "")
     index = os.environ.get(ENV_TORCH_INDEX) or TORCH_INDEX.format(label=label)
     return f"torch=={version}", index

@@ -1,4 +1,4 @@
-"""Per-package build recipes (wheels/<name>.toml) as validated data, and the arch-list formats they need.
+"""Per-package build recipes (attnkit/data/recipes/<name>.toml, linked from wheels/) as validated data, and the arch-list formats they need.
 
 A recipe says how a package's setup.py is driven; the matrix says which version, sdist and archs. `resolve`
 joins the two for one cell into a `BuildSpec`, the single description every later step works from.
@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from attnkit import data
 from attnkit.errors import AttnkitError
 from attnkit.matrix.expand import Cell
 from attnkit.matrix.schema import Matrix
@@ -23,7 +24,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-RECIPES_DIR = Path(__file__).resolve().parents[3] / "wheels"
 ArchFormat = Literal["sm-semicolon", "dotted-semicolon"]
 
 
@@ -60,24 +60,25 @@ class Recipe(_Strict):
 
 
 def load_recipe(package: str | None = None, path: str | Path | None = None) -> tuple[Recipe, Path]:
-    """A recipe by package name (wheels/<name>.toml) or by file path; one-line errors."""
+    """A recipe by package name (the packaged recipes/<name>.toml) or by file path; one-line errors."""
     if path is None:
         if package is None:
             raise AttnkitError("--package or --recipe: one is required")
-        p = RECIPES_DIR / f"{package}.toml"
+        p = data.packaged(data.RECIPES, f"{package}.toml")
         if not p.is_file():
-            known = ", ".join(sorted(f.stem for f in RECIPES_DIR.glob("*.toml") if f.stem != "cibuildwheel"))
-            raise AttnkitError(f"--package: no recipe for {package!r} in {RECIPES_DIR} (known: {known})")
+            known = ", ".join(data.recipe_names())
+            raise AttnkitError(f"--package: no recipe for {package!r} (attnkit ships recipes for: {known}; "
+                               f"--recipe FILE for another)")
     else:
         p = Path(path)
         if not p.is_file():
             raise AttnkitError(f"--recipe {p}: no such file")
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
+        doc = tomllib.loads(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise AttnkitError(f"{p}: TOML syntax error: {exc}") from None
     try:
-        recipe = Recipe.model_validate(data)
+        recipe = Recipe.model_validate(doc)
     except ValidationError as exc:
         e = exc.errors(include_url=False)[0]
         loc = ".".join(str(x) for x in e["loc"])

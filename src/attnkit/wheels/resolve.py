@@ -1,12 +1,18 @@
-"""Find the wheel that fits an environment in an index (`attnkit wheel-url`) and install it with its hash
-checked (`attnkit install`). What fits is computed by the naming module from the environment's torch,
-CUDA major, C++11 ABI, Python and machine: the same function that named the wheel when it was built."""
+"""Find the wheel that fits an environment (`attnkit wheel-url`) and install it (`attnkit install`).
+
+What fits: the environment's index key (naming.index_key of its torch: CUDA major, torch major.minor,
+C++11 ABI, the same function that named the wheel when it was built) picks the index; among its wheels,
+the tags the target interpreter itself supports (packaging.tags, evaluated in that interpreter) and the
+highest version decide. Installing goes through pip, or uv where the environment has no pip, with the
+wheel's dependencies and torch held at the installed version.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import re
+import shutil
 import subprocess
-import sys
 import tempfile
 import urllib.parse
 import urllib.request
@@ -17,9 +23,10 @@ from pathlib import Path
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
+from attnkit._progress import download
 from attnkit.errors import AttnkitError
 from attnkit.matrix import naming
-from attnkit.wheels.pyenv import PyEnv
+from attnkit.wheels.pyenv import PyEnv, describe
 
 
 @dataclass(frozen=True)
@@ -50,21 +57,28 @@ class _Links(HTMLParser):
                 self.hrefs.append(href)
 
 
-def _index_url(index: str) -> str:
-    if "://" not in index:
-        return Path(index).resolve().as_uri()
-    return index
+def _as_url(index: str) -> str:
+    return index if "://" in index else Path(index).resolve().as_uri()
 
 
-def listing(index: str, project: str) -> list[Candidate]:
+def index_url(index: str, env: PyEnv) -> str:
+    """The simple index to read: `index` itself when it is one (its path ends in /simple), else the site
+    root's index for the environment's key (SITE/<key>/simple/)."""
+    url = _as_url(index).rstrip("/")
+    if url.rsplit("/", 1)[-1] == "simple":
+        return url + "/"
+    return naming.simple_index_url(url, env.index_key())
+
+
+def listing(simple: str, project: str) -> list[Candidate]:
     """Wheels of `project` in a PEP 503 index (URL, file:// URL or local directory)."""
-    page = f"{_index_url(index).rstrip('/')}/{canonicalize_name(project)}/"
+    page = f"{_as_url(simple).rstrip('/')}/{canonicalize_name(project)}/"
     target = page + "index.html" if page.startswith("file:") else page
     try:
         with urllib.request.urlopen(target, timeout=60) as r:
             text = r.read().decode("utf-8", "replace")
     except OSError as exc:
-        raise AttnkitError(f"--index {index}: cannot read {target} ({exc})") from None
+        raise AttnkitError(f"--index: cannot read {target} ({exc})") from None
     parser = _Links()
     parser.feed(text)
     out = []
@@ -78,70 +92,108 @@ def listing(index: str, project: str) -> list[Candidate]:
     return out
 
 
-def wanted(env: PyEnv) -> tuple[str, set[str]]:
-    """(local version, acceptable tags) for an environment; the local version comes from the naming module."""
-    if env.torch is None or env.torch_minor is None:
-        raise AttnkitError(f"{env.executable}: torch is not installed; install your cell's torch first")
-    if not env.torch_cuda:
-        raise AttnkitError(f"{env.executable}: torch {env.torch} is a CPU build; attnkit's wheels need CUDA torch")
-    local = naming.wheel_local_version(env.torch_cuda, env.torch_minor, bool(env.cxx11_abi))
-    cp = "cp" + env.python.replace(".", "")
-    minor = int(env.python.split(".")[1])
-    plat = f"linux_{env.machine}"
-    tags = {f"{cp}-{cp}-{plat}"} | {f"py3{m}-none-{plat}" for m in range(minor + 1)}
-    return local, tags
-
-
 def choose(cands: list[Candidate], env: PyEnv, project: str) -> Candidate:
-    local, tags = wanted(env)
-    fits = [c for c in cands if naming.parse_local_version(c.local) == naming.parse_local_version(local)
-            and c.tags & tags]
+    """The highest version among the wheels of the environment's key whose tags it supports; ties go to the
+    tag the interpreter prefers (a cp312 wheel over a py39-none one, manylinux_2_28 over linux)."""
+    key = env.index_key()
+    mine = naming.parse_local_version(key)
+    rank = {t: i for i, t in enumerate(env.tags)}
+
+    def best_tag(c: Candidate) -> int | None:
+        found = [rank[t] for t in c.tags if t in rank]
+        return min(found) if found else None
+
+    fits = [c for c in cands if naming.parse_local_version(c.local) == mine and best_tag(c) is not None]
     if fits:
-        return max(fits, key=lambda c: c.version)
+        return max(fits, key=lambda c: (c.version, -(best_tag(c) or 0)))
     if not cands:
         raise AttnkitError(f"no {project} wheels in the index")
-    want = f"+{local} for Python {env.python} on {env.machine}"
-
-    mine = naming.parse_local_version(local)
-    assert mine is not None
 
     def diff(c: Candidate) -> list[str]:
         theirs = naming.parse_local_version(c.local)
         if theirs is None:
-            return [f"not an attnkit build (local version {c.local or 'none'})"]
+            return [f"not an attnkit build for one environment (local version {c.local or 'none'})"]
+        assert mine is not None
         d = [f"{what} {t} vs {m}" for what, t, m in zip(("CUDA", "torch", "C++11 ABI"), theirs, mine, strict=True)
              if t != m]
-        if not c.tags & tags:
-            d.append(f"tags {'/'.join(sorted(c.tags))}")
+        if best_tag(c) is None:
+            d.append(f"tags {'/'.join(sorted(c.tags))} (this Python {env.python} takes e.g. {env.tags[0]})")
         return d
 
     ranked = sorted(cands, key=lambda c: (len(diff(c)), c.filename))[:3]
     near = "; ".join(f"{c.filename} ({', '.join(diff(c))})" for c in ranked)
-    raise AttnkitError(f"no {project} wheel fits this environment ({want}); nearest: {near}")
+    raise AttnkitError(f"no {project} wheel fits this environment (+{key}, Python {env.python} on {env.machine}); "
+                       f"nearest: {near}")
 
 
-def _sha256_of(url: str) -> str | None:
-    """Hash a local (file://) wheel ourselves, so a tampered file gets our one-line error."""
-    if not url.startswith("file:"):
-        return None
-    path = Path(urllib.request.url2pathname(urllib.parse.urlparse(url).path))
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def install(c: Candidate, project: str, python: str = sys.executable) -> None:
+def _fetch_checked(c: Candidate, folder: Path) -> Path:
+    """The wheel as a local file whose sha256 is the index's: a tampered file never reaches the installer."""
     if not c.sha256:
         raise AttnkitError(f"{c.filename}: the index gives no sha256; refusing an unverifiable install")
-    local = _sha256_of(c.url)
-    if local is not None and local != c.sha256:
-        raise AttnkitError(f"{c.filename}: hash mismatch: the index says sha256 {c.sha256}, the file is {local}")
+    if c.url.startswith("file:"):
+        path = Path(urllib.request.url2pathname(urllib.parse.urlparse(c.url).path))
+    else:
+        path = download(c.url, folder / c.filename, f"downloading {c.filename}")
+    got = hashlib.sha256(path.read_bytes()).hexdigest()
+    if got != c.sha256:
+        raise AttnkitError(f"{c.filename}: hash mismatch: the index says sha256 {c.sha256}, the file is {got}")
+    return path
+
+
+def find_uv() -> str | None:
+    """uv on PATH, else the binary of the `uv` Python package (pip install uv)."""
+    found = shutil.which("uv")
+    if found:
+        return found
+    try:
+        from uv import find_uv_bin  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    try:
+        return str(find_uv_bin())
+    except FileNotFoundError:
+        return None
+
+
+def installer_command(env: PyEnv, wheel: Path, constraints: Path, deps: bool) -> list[str]:
+    """pip where the environment has it, else `uv pip install --python` (uv venvs have no pip)."""
+    args = [str(wheel), "--constraint", str(constraints)] + ([] if deps else ["--no-deps"])
+    if env.has_pip:
+        return [env.executable, "-m", "pip", "install", "--disable-pip-version-check", *args]
+    uv = find_uv()
+    if uv is None:
+        raise AttnkitError(f"--python {env.executable}: that environment has no pip and uv is not installed; "
+                           f"`pip install uv` (or `{env.executable} -m ensurepip`)")
+    return [uv, "pip", "install", "--python", env.executable, *args]
+
+
+def _failure(output: str) -> str:
+    lines = [ln.strip() for ln in output.strip().splitlines() if ln.strip()]
+    for ln in lines:
+        if ln.startswith(("ERROR:", "error:", "×")) or "No solution found" in ln:
+            detail = [x for x in lines[lines.index(ln) + 1:] if x.startswith(("╰─▶", "Because", "The conflict"))]
+            return (ln + (" " + detail[0] if detail else ""))[:400]
+    return (lines[-1] if lines else "no output")[:400]
+
+
+def install(c: Candidate, project: str, env: PyEnv, deps: bool = True) -> str:
+    """Install `c` into `env` with its dependencies, torch pinned to the installed build; returns the tool
+    used. Afterwards the environment is read again: its torch must be the one it had."""
+    held = env.torch_dist or env.torch
+    assert held is not None
     with tempfile.TemporaryDirectory(prefix="attnkit-install-") as tmp:
-        req = Path(tmp) / "requirements.txt"
-        req.write_text(f"{canonicalize_name(project)} @ {c.url} --hash=sha256:{c.sha256}\n")
-        r = subprocess.run([python, "-m", "pip", "install", "--no-deps", "--require-hashes", "-r", str(req)],
-                           capture_output=True, text=True, check=False)
+        wheel = _fetch_checked(c, Path(tmp))
+        constraints = Path(tmp) / "constraints.txt"
+        constraints.write_text(f"torch=={held}\n")  # the installed distribution: never change the user's torch
+        cmd = installer_command(env, wheel, constraints, deps)
+        r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    tool = "pip" if env.has_pip else "uv"
     if r.returncode != 0:
-        text = r.stderr + r.stdout
-        if "DO NOT MATCH THE HASHES" in text:
-            raise AttnkitError(f"{c.filename}: hash mismatch: downloaded file does not have the index's sha256 "
-                               f"{c.sha256}")
-        raise AttnkitError(f"pip install {c.filename} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+        why = _failure(r.stderr + "\n" + r.stdout)
+        if re.search(r"\btorch\b", why):
+            why += f" (attnkit holds torch at the installed {held})"
+        raise AttnkitError(f"{tool} install {c.filename} failed: {why}")
+    after = describe(env.executable)
+    if (after.torch_dist, after.torch) != (env.torch_dist, env.torch):
+        raise AttnkitError(f"{tool} changed torch from {held} to {after.torch_dist} while installing {c.filename}")
+    return tool

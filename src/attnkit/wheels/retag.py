@@ -1,19 +1,24 @@
 """Give a freshly built wheel its published identity: the local version from the naming module
 (`+cu13torch2.11cxx11abiTRUE`) and a torch requirement pinned to the cell's major.minor, so pip refuses
-it next to another torch instead of failing later with "undefined symbol"."""
+it next to another torch instead of failing later with "undefined symbol".
+
+The wheel is read and written through `wheel`'s WheelFile (pypa/wheel, the library behind `wheel unpack` and
+`wheel pack`): every file is checked against the old RECORD as it is read, and RECORD is written anew. The
+`.dist-info/` and `.data/` folders are renamed to the new version; METADATA's header block is edited, its
+body (the long description) is copied byte for byte."""
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import re
-import zipfile
+import shutil
+import tempfile
 from email.parser import HeaderParser
 from pathlib import Path
+from zipfile import ZipInfo
 
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import parse_wheel_filename
+from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
+from wheel.wheelfile import WheelError, WheelFile
 
 from attnkit.errors import AttnkitError
 
@@ -23,30 +28,54 @@ def torch_pin(torch_minor: str) -> str:
     return f"torch<{major}.{minor + 1},>={major}.{minor}"
 
 
-def _record_line(name: str, data: bytes) -> str:
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    return f"{name},sha256={digest},{len(data)}"
+def _split_headers(raw: bytes) -> tuple[list[bytes], bytes]:
+    """METADATA as (header lines, the rest from the blank line on). The body is never parsed."""
+    for sep in (b"\r\n\r\n", b"\n\n"):
+        at = raw.find(sep)
+        if at >= 0:
+            return raw[:at].splitlines(), raw[at:]
+    return raw.rstrip(b"\r\n").splitlines(), b"\n"
 
 
-def _rewrite_metadata(text: str, version: str, torch_minor: str) -> str:
-    out, pinned = [], False
-    for line in text.splitlines():
-        if line.startswith("Version:"):
-            line = f"Version: {version}"
-        elif line.startswith("Requires-Dist:"):
+def _header_name(line: bytes) -> str | None:
+    """'Version' for b'Version: 1.0'; None for a continuation line (starts with whitespace)."""
+    if line[:1] in (b" ", b"\t") or b":" not in line:
+        return None
+    return line.split(b":", 1)[0].decode("utf-8").strip().lower()
+
+
+def rewrite_metadata(raw: bytes, version: str, torch_minor: str) -> bytes:
+    """Set Version and make the one torch requirement `torch_pin(torch_minor)`, in the header block only."""
+    lines, body = _split_headers(raw)
+    out: list[bytes] = []
+    pinned, skip_continuation = False, False
+    pin = f"Requires-Dist: {torch_pin(torch_minor)}".encode()
+    for line in lines:
+        name = _header_name(line)
+        if name is None:
+            if not skip_continuation:
+                out.append(line)
+            continue
+        skip_continuation = False
+        if name == "version":
+            out.append(f"Version: {version}".encode())
+            continue
+        if name == "requires-dist":
             try:
-                req = Requirement(line.split(":", 1)[1].strip())
+                req: Requirement | None = Requirement(line.split(b":", 1)[1].decode("utf-8").strip())
             except InvalidRequirement:
                 req = None
-            if req is not None and req.name.lower() == "torch":
-                if pinned:
-                    continue
-                line, pinned = f"Requires-Dist: {torch_pin(torch_minor)}", True
+            if req is not None and canonicalize_name(req.name) == "torch":
+                if not pinned:
+                    out.append(pin)
+                    pinned = True
+                skip_continuation = True
+                continue
         out.append(line)
-    if not pinned:  # insert after the last header line before the body
-        at = next((i for i, ln in enumerate(out) if ln == ""), len(out))
-        out.insert(at, f"Requires-Dist: {torch_pin(torch_minor)}")
-    return "\n".join(out) + "\n"
+    if not pinned:
+        out.append(pin)
+    eol = b"\r\n" if b"\r\n" in raw[:200] else b"\n"
+    return eol.join(out) + body
 
 
 def retag(src: Path, dest_dir: Path, filename: str, torch_minor: str) -> Path:
@@ -63,43 +92,54 @@ def retag(src: Path, dest_dir: Path, filename: str, torch_minor: str) -> Path:
     if Version(str(version)).public != sversion.public:
         raise AttnkitError(f"retag: built version {sversion} is not {Version(str(version)).public}")
     raw_version = filename.split("-")[1]  # as named (packaging would lower-case the local part)
-    old_info = re.compile(rf"^{re.escape(src.name.split('-')[0])}-[^/]+\.dist-info/")
-    new_info = f"{filename.split('-')[0]}-{raw_version}.dist-info/"
+    new_prefix = f"{filename.split('-')[0]}-{raw_version}"
     dest_dir.mkdir(parents=True, exist_ok=True)
-    tmp = dest_dir / f".{filename}.tmp"
-    records = []
+    stage = Path(tempfile.mkdtemp(prefix=".retag-", dir=dest_dir))
+    tmp = stage / filename  # WheelFile takes the RECORD path from the file's name
     try:
-        with zipfile.ZipFile(src) as zin, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zout:
+        with WheelFile(src) as zin, WheelFile(tmp, "w") as zout:
+            old_prefix = zin.dist_info_path.removesuffix(".dist-info")
             for info in zin.infolist():
-                arc = old_info.sub(new_info, info.filename)
-                if arc.endswith(".dist-info/RECORD"):
-                    continue
-                data = zin.read(info)
-                if arc == new_info + "METADATA":
-                    data = _rewrite_metadata(data.decode("utf-8"), raw_version, torch_minor).encode("utf-8")
-                zi = zipfile.ZipInfo(arc, date_time=info.date_time)
+                top, _, rest = info.filename.partition("/")
+                if top == f"{old_prefix}.dist-info":
+                    if rest == "RECORD":
+                        continue  # WheelFile writes the new one on close
+                    top = f"{new_prefix}.dist-info"
+                elif top == f"{old_prefix}.data":
+                    top = f"{new_prefix}.data"
+                arc = f"{top}/{rest}" if rest or info.filename.endswith("/") else top
+                data = zin.read(info)  # checked against the old RECORD
+                if arc == f"{new_prefix}.dist-info/METADATA":
+                    data = rewrite_metadata(data, raw_version, torch_minor)
+                zi = ZipInfo(arc, date_time=info.date_time)
                 zi.external_attr = info.external_attr
-                zi.compress_type = zipfile.ZIP_DEFLATED
+                zi.compress_type = zout.compression
                 zout.writestr(zi, data)
-                records.append(_record_line(arc, data))
-            records.append(f"{new_info}RECORD,,")
-            zout.writestr(new_info + "RECORD", "\n".join(records) + "\n")
         final = dest_dir / filename
         tmp.replace(final)
         return final
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    except WheelError as exc:
+        raise AttnkitError(f"retag: {src.name}: {exc}") from None
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def read_metadata(wheel: Path) -> dict[str, list[str]]:
     """METADATA headers of a wheel, multi-valued."""
-    with zipfile.ZipFile(wheel) as z:
-        meta = next((n for n in z.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1), None)
-        if meta is None:
-            raise AttnkitError(f"{wheel.name}: no .dist-info/METADATA")
-        msg = HeaderParser().parsestr(z.read(meta).decode("utf-8"))
+    raw = metadata_bytes(wheel)
+    msg = HeaderParser().parsestr(raw.decode("utf-8"))
     out: dict[str, list[str]] = {}
     for k, v in msg.items():
         out.setdefault(k, []).append(v)
     return out
+
+
+def metadata_bytes(wheel: Path) -> bytes:
+    """The wheel's .dist-info/METADATA exactly as stored: what an index serves as `<wheel>.metadata` (PEP 658)."""
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as z:
+        meta = next((n for n in z.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1), None)
+        if meta is None:
+            raise AttnkitError(f"{wheel.name}: no .dist-info/METADATA")
+        return z.read(meta)

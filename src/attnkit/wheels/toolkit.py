@@ -12,12 +12,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnkit._progress import run_streamed
 from attnkit.errors import AttnkitError
 
 # PyPI toolkit wheels (CUDA 13 names; CUDA 12 ones carry a -cu12 suffix). Together they hold nvcc, its
 # front end (crt, nvvm), the runtime headers and library, and the C++ core libraries (cccl).
 _PYPI_PARTS = ("nvidia-cuda-nvcc", "nvidia-cuda-runtime", "nvidia-cuda-cccl", "nvidia-cuda-crt", "nvidia-nvvm")
 _PYPI_PARTS_12 = ("nvidia-cuda-nvcc-cu12", "nvidia-cuda-runtime-cu12", "nvidia-cuda-cccl-cu12")
+_PIP_STEP = re.compile(r"^\s*(Collecting|Downloading|Installing|Successfully)")
 
 
 @dataclass(frozen=True)
@@ -95,11 +97,12 @@ def provision_pypi(cuda: str, spec: str, cache: Path, python: str = sys.executab
         parts = _PYPI_PARTS if int(major) >= 13 else _PYPI_PARTS_12
         if site.exists():
             shutil.rmtree(site)
-        cmd = [python, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site),
+        cmd = [python, "-m", "pip", "install", "--progress-bar", "off", "--no-deps", "--target", str(site),
                *[f"{p}=={spec}" for p in parts]]
-        r = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if r.returncode != 0:
-            last = (r.stderr.strip().splitlines() or ["pip failed"])[-1]
+        rc, output = run_streamed(cmd, f"CUDA {spec} toolkit wheels", _PIP_STEP)
+        if rc != 0:
+            errors = [ln for ln in output.strip().splitlines() if ln.startswith("ERROR")]
+            last = (errors or output.strip().splitlines() or ["pip failed"])[-1]
             raise AttnkitError(f"toolkit: pip could not install the CUDA {spec} toolkit wheels: {last}")
         if home.exists():
             shutil.rmtree(home)

@@ -1,7 +1,8 @@
 """Packed varlen attention on cuDNN's own ragged (THD) layout, through the cudnn-frontend Python graphs
 (`nvidia-cudnn-frontend`, module `cudnn`).
 
-Why: cuDNN is the fastest attention kernel on Hopper (~1.8x FlashAttention-2, shared/FACTS.md), and with
+Why: cuDNN is the fastest attention kernel on Hopper (~1.8x FlashAttention-2,
+docs/results/2026-11-30-h200-bench-flash-attn.json), and with
 ragged offsets plus a padding mask it reads the packed (total, heads, head_dim) tensors in place and skips
 every tile past a sequence's end: no copies, no padded work. torch's own route to the same kernel
 (aten._cudnn_attention_forward/backward with cu_seqlens) gave wrong gradients on torch 2.11

@@ -1,5 +1,5 @@
-"""torch SDPA, cuDNN sub-backend: the fastest kernel on Hopper for bf16/fp16 (~1.7-1.9x FlashAttention-2
-on an H200, shared/FACTS.md). Measured there with torch 2.11 / cuDNN 9.19 (docs/results): native GQA
+"""torch SDPA, cuDNN sub-backend: the fastest kernel on Hopper for bf16/fp16 (~1.8x FlashAttention-2 on an
+H200: docs/results/2026-11-30-h200-bench-flash-attn.json). Measured there with torch 2.11 / cuDNN 9.19 (docs/results): native GQA
 (enable_gqa), head_dim up to 256 (512 has no kernel), lower-right causal bias, boolean and float masks,
 dropout."""
 
