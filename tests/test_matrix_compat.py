@@ -146,3 +146,51 @@ def test_no_source_points_outside_the_repository() -> None:
     hits = [f"{p.relative_to(root)}" for p in files if re.search(r"shared/FACTS|shared/DESIGN|\.\./shared", p.read_text())
             and p.name != "test_matrix_compat.py"]
     assert hits == []
+
+
+def test_flash_attn_4_is_a_pypi_package_of_the_cuda_cells(matrix) -> None:
+    """FlashAttention-4: no build, pinned per CUDA major, in every CUDA cell of torch >= 2.11, none before."""
+    from attnkit.matrix.expand import all_cells
+    from attnkit.matrix.schema import vkey
+
+    for c in all_cells(matrix):
+        fa4 = c.pypi_package("flash-attn-4")
+        if c.cuda is None or vkey(c.torch) < vkey("2.11") or c.python == "3.15":  # no cp315 CuTe DSL libs
+            assert fa4 is None, c.id
+            continue
+        assert fa4 is not None and fa4.version == "4.0.0b36", c.id
+        major = c.cuda.split(".")[0]
+        assert fa4.requirements[0] == ("flash-attn-4[cu13]==4.0.0b36" if major == "13" else "flash-attn-4==4.0.0b36")
+        assert ("nvidia-cutlass-dsl[cu13]==4.8.1" in fa4.requirements) == (major == "13"), c.id
+        assert c.package("flash-attn-4") is None  # never in the build jobs
+    assert "flash-attn-4" not in {p for c in all_cells(matrix) for p in (x.name for x in c.packages)}
+
+
+def test_pyproject_fa4_extras_pin_what_the_matrix_pins(matrix) -> None:
+    """`pip install attnkit[fa4]` and the images install the same FlashAttention-4 set."""
+    import sys
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    extras = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    fa4 = matrix.pypi_packages["flash-attn-4"].requires
+    for extra, label in (("fa4", "cu13"), ("fa4-cu12", "cu12")):
+        assert set(extras[extra]) <= set(fa4[label]), (extra, extras[extra], fa4[label])
+
+
+def test_pypi_package_pins_are_checked_at_load(tmp_path) -> None:
+    from attnkit.errors import AttnkitError
+    from attnkit.matrix.load import parse_matrix
+
+    text = (Path(__file__).resolve().parents[1] / "matrix.yaml").read_text()
+    bad = text.replace('"quack-kernels==0.6.5",\n             "apache', '"quack-kernels>=0.6",\n             "apache', 1)
+    assert bad != text
+    with pytest.raises(AttnkitError, match=r"m.yaml:\d+: pypi_packages.flash-attn-4.requires.cu13: 'quack-kernels>=0.6' "
+                                           r"is not pinned with =="):
+        parse_matrix(bad, "m.yaml")
+    bad = text.replace('cu12: ["flash-attn-4==4.0.0b36", ', 'cu12: ["flash-attn-4==4.0.0b35", ', 1)
+    with pytest.raises(AttnkitError, match=r"requires\.cu12: must start with flash-attn-4==4\.0\.0b36"):
+        parse_matrix(bad, "m.yaml")

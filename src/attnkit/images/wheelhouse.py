@@ -1,5 +1,6 @@
 """The hermetic wheelhouse an image is built from: the cell's torch with its full dependency closure, the
-cell's verified attnkit-built wheels, attnkit itself, and nox (so `nox -s smoke` runs in the image),
+cell's verified attnkit-built wheels, the PyPI-published libraries it takes as they are (FlashAttention-4 with
+its CuTe DSL libraries for the cell's CUDA major), attnkit itself, and nox (so `nox -s smoke` runs in the image),
 for the cell's Python and platform. `requirements.txt` pins every file by sha256, so the image's install
 step runs offline with --require-hashes and a tampered file fails the build.
 
@@ -88,6 +89,7 @@ def build_wheelhouse(cell: Cell, out: Path, wheels: Path | None = None, index: s
         own_version = parse_wheel_filename(own.name)[1]
         reqs = [torch_req, f"nox=={NOX_VERSION}", f"attnkit=={own_version}", "numpy"]
         reqs += [f"{p.name}=={p.version}" for p in cell.packages]  # their dependencies (einops, ...)
+        reqs += [r for pp in cell.pypi_packages for r in pp.requirements]  # FlashAttention-4: pinned, from PyPI
         _pip(["download", "-q", "--dest", str(stage), "--extra-index-url", index, "--find-links", str(stage),
               *_platform_args(cell), *reqs], f"downloading the closure of {', '.join(reqs[:3])}, ...")
         if cell.cuda is not None:

@@ -27,6 +27,8 @@ def cell_dict(c: Cell) -> dict[str, Any]:
         "packages": {p.name: {"version": p.version, "archs": list(p.archs), "built_in": p.built_in}
                      for p in c.packages},
         "wheels": {p.name: p.wheel for p in c.packages},
+        "pypi_packages": {p.name: {"version": p.version, "requirements": list(p.requirements), "archs": list(p.archs)}
+                          for p in c.pypi_packages},
         "base_images": dict(c.base_images),
         "image_tags": {k: list(v) for k, v in c.image_tags.items()},
         "moving_tags": {k: list(v) for k, v in c.moving_tags.items()},
@@ -73,7 +75,7 @@ def bake_args(c: Cell, variant: str) -> dict[str, str]:
         "TORCH_VERSION": c.torch_version,
         "CUDA_VERSION": c.cuda or "cpu",
     }
-    for p in c.packages:
+    for p in [*c.packages, *c.pypi_packages]:
         args[f"{naming.dist_name(p.name).upper()}_VERSION"] = p.version
     return args
 
@@ -135,17 +137,18 @@ def print_ci_plan(cells: list[Cell]) -> None:
 
 
 def _pkg_cell(c: Cell, name: str) -> str:
-    p = c.package(name)
+    p = c.package(name) or c.pypi_package(name)
     return p.version if p else "-"
 
 
 def table_rows(m: Matrix, cells: list[Cell]) -> tuple[list[str], list[list[str]]]:
-    headers = ["cell", "torch", "CUDA", "Python", "arch list", *m.packages.keys()]
+    names = [*m.packages.keys(), *m.pypi_packages.keys()]
+    headers = ["cell", "torch", "CUDA", "Python", "arch list", *names]
     rows = []
     for c in cells:
         cuda = "cpu" if c.cuda is None else c.cuda + (" (exp.)" if c.cuda_experimental else "")
         rows.append([c.id, c.torch_version, cuda, c.python, " ".join(c.cuda_archs) or "-",
-                     *(_pkg_cell(c, n) for n in m.packages)])
+                     *(_pkg_cell(c, n) for n in names)])
     return headers, rows
 
 

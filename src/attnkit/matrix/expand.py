@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from attnkit.errors import AttnkitError
 from attnkit.matrix import naming
-from attnkit.matrix.schema import VARIANTS, CellSpec, Matrix, Package, combination_reasons, vkey
+from attnkit.matrix.schema import VARIANTS, CellSpec, Matrix, Package, PypiPackage, combination_reasons, vkey
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,16 @@ class PackageBuild:
 
 
 @dataclass(frozen=True)
+class PypiBuild:
+    """A PyPI-published library as one cell installs it (no build): its pins for the cell's CUDA major."""
+
+    name: str
+    version: str
+    requirements: tuple[str, ...]
+    archs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Cell:
     torch: str
     torch_version: str
@@ -31,6 +41,7 @@ class Cell:
     cuda_experimental: bool
     cuda_archs: tuple[str, ...]
     packages: tuple[PackageBuild, ...]
+    pypi_packages: tuple[PypiBuild, ...]
     base_images: dict[str, str] = field(hash=False, compare=False)
     image_tags: dict[str, list[str]] = field(hash=False, compare=False)
     moving_tags: dict[str, list[str]] = field(hash=False, compare=False)
@@ -42,6 +53,9 @@ class Cell:
     def package(self, name: str) -> PackageBuild | None:
         return next((p for p in self.packages if p.name == name), None)
 
+    def pypi_package(self, name: str) -> PypiBuild | None:
+        return next((p for p in self.pypi_packages if p.name == name), None)
+
 
 @dataclass(frozen=True)
 class CellFilter:
@@ -51,7 +65,7 @@ class CellFilter:
     package: str | None = None
 
 
-def package_reasons(pkg_name: str, pkg: Package, torch: str, cuda: str | None) -> list[str]:
+def package_reasons(pkg_name: str, pkg: Package | PypiPackage, torch: str, cuda: str | None) -> list[str]:
     """Why a package is not built for a cell; [] when it is."""
     lim = pkg.limits
     if cuda is None:
@@ -131,6 +145,13 @@ def _make_cell(m: Matrix, torch: str, cuda: str | None, python: str, newest: boo
             bt, bc, bp = builder[wheel]
             packages.append(PackageBuild(name, pkg.version, _package_archs(m, pkg, bc), wheel,
                                          naming.cell_id(bt, bc, bp)))
+    pypi: list[PypiBuild] = []
+    for pname, pp in m.pypi_packages.items():
+        if cuda is None or package_reasons(pname, pp, torch, cuda) or vkey(python) > vkey(pp.max_python):
+            continue
+        reqs = pp.requires.get(naming.cuda_label(cuda))  # type: ignore[call-overload]
+        if reqs:
+            pypi.append(PypiBuild(pname, pp.version, tuple(reqs), tuple(pp.archs)))
     images = m.cuda[cuda].images if cuda is not None else m.cpu.images
     cid = naming.cell_id(torch, cuda, python)
     ref = m.reference_cell
@@ -144,6 +165,7 @@ def _make_cell(m: Matrix, torch: str, cuda: str | None, python: str, newest: boo
         cuda_experimental=cuda is not None and cuda in rel.cuda.experimental,
         cuda_archs=tuple(m.cuda[cuda].torch_arch_list) if cuda is not None else (),
         packages=tuple(packages),
+        pypi_packages=tuple(pypi),
         base_images={v: getattr(images, v).ref() for v in VARIANTS},
         image_tags={v: [naming.image_tag(m.publish.registry, m.publish.image, cid, v)] for v in VARIANTS},
         moving_tags={v: naming.moving_tags(m.publish.registry, m.publish.image, torch, cuda, v, newest, is_ref)

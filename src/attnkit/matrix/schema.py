@@ -158,6 +158,19 @@ class Package(_Strict):
     source: str
 
 
+class PypiPackage(_Strict):
+    """An attention library used as published on PyPI: nothing to build (FlashAttention-4 is pure Python and
+    compiles its kernels at first use). Its pins per CUDA major go into the images' hash-locked wheelhouse."""
+
+    version: ReleaseVersion
+    import_name: str
+    requires: dict[Literal["cu12", "cu13"], list[str]] = Field(min_length=1)  # pinned requirements, itself first
+    archs: list[SmNumber] = Field(min_length=1)  # the GPU archs it has kernels for
+    max_python: MinorVersion  # the newest Python every pinned wheel is published for
+    limits: PackageLimits
+    source: str
+
+
 class Publish(_Strict):
     registry: str
     image: str = Field(pattern=r"^[a-z0-9][a-z0-9._/-]*$")
@@ -197,12 +210,28 @@ class Matrix(_Strict):
     cuda: dict[MinorVersion, CudaToolkit] = Field(min_length=1)
     cpu: CpuSection
     packages: dict[Literal["flash-attn", "xformers"], Package]
+    pypi_packages: dict[Literal["flash-attn-4"], PypiPackage] = Field(default_factory=dict)
     publish: Publish
     build: BuildRules
     reference_cell: ReferenceCell
 
 
 Problem = tuple[tuple[str | int, ...], str]
+
+
+def _exact_pin(req: str) -> tuple[str, str] | None:
+    """('flash-attn-4', '4.0.0b36') for 'flash-attn-4[cu13]==4.0.0b36'; None unless pinned with ==."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    try:
+        r = Requirement(req)
+    except InvalidRequirement:
+        return None
+    specs = list(r.specifier)
+    if len(specs) != 1 or specs[0].operator != "==" or "*" in specs[0].version:
+        return None
+    return str(canonicalize_name(r.name)), specs[0].version
 
 
 def combination_reasons(m: Matrix, torch: str | None, cuda: str | None, python: str | None) -> list[str]:
@@ -248,6 +277,15 @@ def problems(m: Matrix) -> list[Problem]:
                     known = ", ".join(sorted(m.cuda, key=vkey))
                     out.append((("torch", minor, "cuda", field_name, i),
                                 f"CUDA {cuda} has no entry under cuda: (described: {known})"))
+    for name, pp in m.pypi_packages.items():
+        for label, reqs in pp.requires.items():
+            pins = [_exact_pin(r) for r in reqs]
+            if any(pin is None for pin in pins):
+                bad = next(r for r, pin in zip(reqs, pins, strict=True) if pin is None)
+                out.append((("pypi_packages", name, "requires", label), f"{bad!r} is not pinned with =="))
+            elif pins[0] != (name, pp.version):
+                out.append((("pypi_packages", name, "requires", label),
+                            f"must start with {name}=={pp.version} (the package itself, at its version)"))
     for i, spec in enumerate(m.build.include):
         if spec.torch is None or spec.cuda is None or spec.python is None:
             out.append((("build", "include", i), "needs torch, cuda and python"))
