@@ -75,8 +75,9 @@ def bake_args(c: Cell, variant: str) -> dict[str, str]:
         "TORCH_VERSION": c.torch_version,
         "CUDA_VERSION": c.cuda or "cpu",
     }
-    for p in [*c.packages, *c.pypi_packages]:
-        args[f"{naming.dist_name(p.name).upper()}_VERSION"] = p.version
+    versions = [(p.name, p.version) for p in c.packages] + [(p.name, p.version) for p in c.pypi_packages]
+    for name, version in versions:
+        args[f"{naming.dist_name(name).upper()}_VERSION"] = version
     return args
 
 
