@@ -42,11 +42,12 @@ def _current_env(session: nox.Session) -> dict[str, str]:
     return env
 
 
-def _report_path(kind: str) -> str:
-    """docs/results/<date>-<host>-<kind>.json unless ATTNKIT_REPORT_DIR says where."""
+def _report_path(kind: str, machine: bool = True) -> str:
+    """docs/results/<date>-<host>-<kind>.json (without the host for what is not about a machine, such as an
+    image) unless ATTNKIT_REPORT_DIR says where."""
     out = Path(os.environ.get("ATTNKIT_REPORT_DIR", ROOT / "docs" / "results"))
     label = os.environ.get("ATTNKIT_MACHINE_LABEL") or socket.gethostname().split(".")[0]
-    return str(out / f"{dt.date.today().isoformat()}-{label}-{kind}.json")
+    return str(out / f"{dt.date.today().isoformat()}-{f'{label}-' if machine else ''}{kind}.json")
 
 
 @nox.session(python=PY)
@@ -123,20 +124,30 @@ def readme(session: nox.Session) -> None:
 
 @nox.session(python=PY)
 def images(session: nox.Session) -> None:
-    """Build a cell's image: `nox -s images -- --cell ID [--variant runtime|devel] [--local-base]`.
-    Makes the cell's hashed wheelhouse first (`--wheels DIR` for its verified flash-attn/xformers wheels)."""
+    """Build a cell's images and report on them: `nox -s images -- --cell ID [--variant runtime|devel]
+    [--local-base] [--wheels DIR [--test-builds] [--without PKG]]`. Makes the cell's hashed wheelhouse first,
+    then for each variant (both unless --variant) `attnkit images report` into docs/results/ (or
+    ATTNKIT_REPORT_DIR): first build, no-change rebuild, checks inside, smoke (runtime)."""
     session.install("-e", ".")
     args = list(session.posargs)
     if "--cell" not in args:
         session.error("usage: nox -s images -- --cell ID [--variant runtime|devel] [--wheels DIR] [--local-base]")
     cell = args[args.index("--cell") + 1]
-    wheels = []
-    if "--wheels" in args:
-        i = args.index("--wheels")
-        wheels = ["--wheels", args[i + 1]]
+    house: list[str] = []
+    for opt, takes in (("--wheels", 1), ("--test-builds", 0), ("--without", 1)):
+        while opt in args:
+            i = args.index(opt)
+            house += args[i : i + 1 + takes]
+            del args[i : i + 1 + takes]
+    variants = ["runtime", "devel"]
+    if "--variant" in args:
+        i = args.index("--variant")
+        variants = [args[i + 1]]
         del args[i : i + 2]
-    session.run("attnkit", "images", "wheelhouse", "--cell", cell, "--out", "wheelhouse", *wheels)
-    session.run("attnkit", "images", "build", *args)
+    session.run("attnkit", "images", "wheelhouse", "--cell", cell, "--out", "wheelhouse", *house)
+    for variant in variants:
+        out = _report_path(f"image-{cell}-{variant}", machine=False)
+        session.run("attnkit", "images", "report", *args, "--variant", variant, "--out", out)
 
 
 @nox.session(python=PY, name="ci-plan")

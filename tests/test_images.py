@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from attnkit.images import build as ib
+from attnkit.images.base import local_base
 from attnkit.images.wheelhouse import build_wheelhouse
 from attnkit.matrix import load_matrix
 from attnkit.matrix.expand import find_cell
@@ -51,7 +52,8 @@ def env():
         if shutil.which(tool) is None:
             pytest.fail(f"{tool} is not installed: .ci/run installs podman, buildah and debootstrap")
     m = load_matrix(ROOT / "matrix.yaml")
-    return m, find_cell(m, CELL), ib.local_base()
+    cell = find_cell(m, CELL)
+    return m, cell, local_base(m, cell, "runtime")
 
 
 @pytest.fixture(scope="module")

@@ -231,7 +231,8 @@ def _cmd_images_wheelhouse(a: argparse.Namespace) -> int:
     from attnkit.matrix.expand import find_cell
 
     cell = find_cell(load_matrix(a.file), a.cell)
-    manifest = build_wheelhouse(cell, Path(a.out), Path(a.wheels) if a.wheels else None, a.index)
+    manifest = build_wheelhouse(cell, Path(a.out), Path(a.wheels) if a.wheels else None, a.index,
+                                test_builds=a.test_builds, without=tuple(a.without or ()))
     files, size = manifest["files"], manifest["bytes"]
     assert isinstance(files, list) and isinstance(size, int)
     print(f"{a.out}: {len(files)} wheels ({size / 2**20:.0f} MiB) for {cell.id}")
@@ -240,13 +241,14 @@ def _cmd_images_wheelhouse(a: argparse.Namespace) -> int:
 
 def _cmd_images_build(a: argparse.Namespace) -> int:
     from attnkit._io import write_atomic
-    from attnkit.images.build import build_image, local_base, report_dict
+    from attnkit.images.base import local_base
+    from attnkit.images.build import build_image, report_dict
     from attnkit.matrix import load_matrix
     from attnkit.matrix.expand import find_cell
 
     m = load_matrix(a.file)
     cell = find_cell(m, a.cell)
-    base = local_base() if a.local_base else a.base_image
+    base = local_base(m, cell, a.variant) if a.local_base else a.base_image
     rep = build_image(m, cell, a.variant, target=a.target, base_image=base, builder=a.builder,
                       context=Path(a.context))
     doc = json.dumps(report_dict(rep), indent=1)
@@ -255,6 +257,31 @@ def _cmd_images_build(a: argparse.Namespace) -> int:
     print(doc)
     size = f"{rep.size_bytes / 2**20:.0f} MiB" if rep.size_bytes else "unknown size"
     print(f"built {rep.tag} ({rep.target}) with {rep.builder} in {rep.seconds:.0f} s: {size}", file=sys.stderr)
+    return 0
+
+
+def _cmd_images_report(a: argparse.Namespace) -> int:
+    import tempfile
+
+    from attnkit._io import write_atomic
+    from attnkit.images.base import local_base
+    from attnkit.images.build import detect_builder
+    from attnkit.images.report import full_report
+    from attnkit.matrix import load_matrix
+    from attnkit.matrix.expand import find_cell
+
+    m = load_matrix(a.file)
+    cell = find_cell(m, a.cell)
+    base = local_base(m, cell, a.variant) if a.local_base else (a.base_image or cell.base_images[a.variant])
+    logs = Path(a.logs) if a.logs else Path(tempfile.mkdtemp(prefix="attnkit-image-logs-"))
+    rep = full_report(m, cell, a.variant, base_image=base, builder=a.builder or detect_builder(),
+                      context=Path(a.context), logs=logs)
+    doc = json.dumps(rep, indent=1, default=str)
+    if a.out:
+        write_atomic(a.out, doc)
+    print(doc)
+    if rep["problems"]:
+        raise AttnkitError(f"images: {cell.id} {a.variant}: {'; '.join(rep['problems'])}")
     return 0
 
 
@@ -465,6 +492,10 @@ def build_parser() -> argparse.ArgumentParser:
     iw.add_argument("--out", default="wheelhouse")
     iw.add_argument("--wheels", help="verified wheelhouse with the cell's flash-attn/xformers wheels")
     iw.add_argument("--index", help="torch index (default: PyTorch's, for the cell's CUDA or cpu)")
+    iw.add_argument("--test-builds", action="store_true", help="accept `wheels build --archs` test builds "
+                    "(named '.sm90') where the cell's full wheel is missing; the manifest lists them")
+    iw.add_argument("--without", action="append", metavar="PACKAGE", help="leave this package of the cell out "
+                    "(repeatable; the manifest records it)")
     iw.add_argument("--file")
     iw.set_defaults(func=_cmd_images_wheelhouse)
     ibd = imsub.add_parser("build", help="build with docker buildx (engine present) or podman")
@@ -473,12 +504,25 @@ def build_parser() -> argparse.ArgumentParser:
     ibd.add_argument("--target", choices=("runtime", "devel", "smoke", "os", "env"),
                      help="Dockerfile stage (default: the variant); 'smoke' runs nox -s smoke in the image")
     ibd.add_argument("--base-image", help="override BASE_IMAGE (e.g. a local base)")
-    ibd.add_argument("--local-base", action="store_true", help="make and use a Debian base with debootstrap")
+    ibd.add_argument("--local-base", action="store_true", help="make and use a base here: Debian (debootstrap), for CUDA cells a stand-in for "
+                     "nvidia/cuda (its container environment; the cell's PyPI toolkit for devel)")
     ibd.add_argument("--builder", choices=("docker", "podman"))
     ibd.add_argument("--context", default=".", help="build context holding wheelhouse/ (default: .)")
     ibd.add_argument("--report")
     ibd.add_argument("--file")
     ibd.set_defaults(func=_cmd_images_build)
+    irp = imsub.add_parser("report", help="build (twice), check inside without a GPU, and report size, layers, "
+                           "CUDA libraries, doctor, smoke")
+    irp.add_argument("--cell", required=True)
+    irp.add_argument("--variant", choices=("runtime", "devel"), default="runtime")
+    irp.add_argument("--base-image", help="override BASE_IMAGE")
+    irp.add_argument("--local-base", action="store_true", help="make and use a base here (see images build)")
+    irp.add_argument("--builder", choices=("docker", "podman"))
+    irp.add_argument("--context", default=".", help="build context holding wheelhouse/ (default: .)")
+    irp.add_argument("--out", help="write the JSON report here")
+    irp.add_argument("--logs", help="keep the build logs here")
+    irp.add_argument("--file")
+    irp.set_defaults(func=_cmd_images_report)
 
     for name, func, text in (("wheel-url", _cmd_wheel_url, "print the URL of the wheel that fits this environment "
                                                            "(and the pip / uv commands, on stderr)"),

@@ -1,6 +1,6 @@
 """Build a cell's image with whatever builder the machine has: `docker buildx bake` where a Docker engine
-runs, otherwise podman (daemonless, chroot isolation). Where no base image can be pulled, a local base is
-made from Debian packages (debootstrap + podman import) and passed as BASE_IMAGE."""
+runs, otherwise podman (daemonless, chroot isolation). Where no base image can be pulled, images/base.py makes
+one here and it is passed as BASE_IMAGE."""
 
 from __future__ import annotations
 
@@ -170,28 +170,6 @@ def run_in_image(ref: str, *cmd: str) -> subprocess.CompletedProcess[str]:
                               text=True, check=False)
     finally:
         subprocess.run(["buildah", "rm", ctr], capture_output=True, check=False)
-
-
-def local_base(ref: str = "localhost/debian-base:bookworm", suite: str = "bookworm",
-               mirror: str = "http://deb.debian.org/debian") -> str:
-    """A base image made here from Debian packages, for machines that cannot pull one (needs root)."""
-    r = subprocess.run(["podman", "image", "exists", ref], check=False)
-    if r.returncode == 0:
-        return ref
-    if not shutil.which("debootstrap"):
-        raise AttnkitError("images: debootstrap is not installed (apt-get install debootstrap)")
-    with tempfile.TemporaryDirectory(prefix="attnkit-rootfs-") as tmp:
-        d = subprocess.run(["debootstrap", "--variant=minbase", suite, tmp, mirror], capture_output=True, text=True,
-                           check=False)
-        if d.returncode != 0:
-            raise AttnkitError(f"images: debootstrap failed: {_explain_failure(d.stdout + d.stderr)}")
-        tar = subprocess.Popen(["tar", "-C", tmp, "-c", "."], stdout=subprocess.PIPE)
-        imp = subprocess.run(["podman", "import", "-", ref], stdin=tar.stdout, capture_output=True, text=True,
-                             check=False)
-        tar.wait()
-        if imp.returncode != 0:
-            raise AttnkitError(f"images: podman import failed: {_explain_failure(imp.stderr)}")
-    return ref
 
 
 def report_dict(r: ImageReport) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from packaging.utils import parse_wheel_filename
 from attnkit.errors import AttnkitError
 from attnkit.images.context import source_tree
 from attnkit.matrix import naming
-from attnkit.matrix.expand import Cell
+from attnkit.matrix.expand import Cell, PackageBuild
 from attnkit.wheels.pyenv import torch_requirement
 
 PIP_VERSION = "26.3"
@@ -37,9 +37,15 @@ CUDNN_FRONTEND_VERSION = "1.32.0"
 DEVEL_TOOLS = ("setuptools", "wheel", "ninja", "packaging", "psutil")
 
 
+# The oldest glibc among the images' bases: Debian 12 (2.36); Ubuntu 24.04, under nvidia/cuda, has 2.39.
+BASE_GLIBC = (2, 36)
+
+
 def _platform_args(cell: Cell) -> list[str]:
-    plats = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
-             "linux_x86_64"]
+    """pip download's view of the image: every manylinux tag its glibc runs (NCCL's wheels are 2_18, torch's
+    2_28, others 2_17 or 2_34), for the cell's CPython."""
+    plats = [f"manylinux_{BASE_GLIBC[0]}_{m}_x86_64" for m in range(BASE_GLIBC[1], 16, -1)]
+    plats += ["manylinux2014_x86_64", "linux_x86_64"]
     return ["--only-binary=:all:", "--python-version", cell.python, "--implementation", "cp",
             "--abi", naming.cpython_tag(cell.python), *[x for p in plats for x in ("--platform", p)]]
 
@@ -61,8 +67,33 @@ def requirements_for(folder: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def build_wheelhouse(cell: Cell, out: Path, wheels: Path | None = None, index: str | None = None) -> dict[str, object]:
-    """Write the wheelhouse for `cell` to `out` (replaced as a whole, never half-written)."""
+def cell_wheel(pkg: PackageBuild, wheels: Path | None, test_builds: bool) -> Path:
+    """The verified wheel of `pkg` in `wheels`: the cell's own, or with `test_builds` a build for fewer archs
+    (`attnkit wheels build --archs`, named '+...TRUE.sm90'), which the image then carries marked as such."""
+    if wheels is not None:
+        exact = wheels / pkg.wheel
+        found = [exact] if exact.is_file() else []
+        if not found and test_builds:
+            name, version, rest = pkg.wheel.split("-", 2)
+            found = sorted(wheels.glob(f"{name}-{version}.sm*-{rest}"))
+        for src in found:
+            if not src.with_name(src.name + ".verify.json").is_file():
+                raise AttnkitError(f"wheelhouse: {src.name} has no verification report; refusing an unverified wheel")
+            return src
+    hint = " (or an --archs test build, with --test-builds)" if not test_builds else ""
+    raise AttnkitError(f"wheelhouse: {pkg.wheel}{hint} is not in --wheels {wheels}; build it with "
+                       f"`attnkit wheels build --package {pkg.name} --cell {pkg.built_in}`, or leave it out with "
+                       f"--without {pkg.name}")
+
+
+def build_wheelhouse(cell: Cell, out: Path, wheels: Path | None = None, index: str | None = None, *,
+                     test_builds: bool = False, without: tuple[str, ...] = ()) -> dict[str, object]:
+    """Write the wheelhouse for `cell` to `out` (replaced as a whole, never half-written). `without` leaves
+    packages of the cell out (recorded in the manifest: the image is then not the cell's full image)."""
+    unknown = sorted(set(without) - {p.name for p in cell.packages})
+    if unknown:
+        raise AttnkitError(f"--without: {', '.join(unknown)} is not built for {cell.id} "
+                           f"(its packages: {', '.join(p.name for p in cell.packages) or 'none'})")
     torch_req, torch_index = torch_requirement(cell)
     index = index or torch_index
     out = out.resolve()
@@ -71,13 +102,9 @@ def build_wheelhouse(cell: Cell, out: Path, wheels: Path | None = None, index: s
     try:
         # the cell's own wheels (flash-attn, xformers): only verified ones, from the wheel pipeline
         picked = []
-        for pkg in cell.packages:
-            src = (wheels / pkg.wheel) if wheels else None
-            if src is None or not src.is_file():
-                raise AttnkitError(f"wheelhouse: {pkg.wheel} is not in --wheels {wheels}; build it with "
-                                   f"`attnkit wheels build --package {pkg.name} --cell {pkg.built_in}`")
-            if not src.with_name(src.name + ".verify.json").is_file():
-                raise AttnkitError(f"wheelhouse: {src.name} has no verification report; refusing an unverified wheel")
+        kept = [p for p in cell.packages if p.name not in without]
+        for pkg in kept:
+            src = cell_wheel(pkg, wheels, test_builds)
             shutil.copyfile(src, stage / src.name)
             picked.append(src.name)
         # attnkit from its checkout; its dependencies come with the closure below, from its own metadata
@@ -88,7 +115,7 @@ def build_wheelhouse(cell: Cell, out: Path, wheels: Path | None = None, index: s
             shutil.copyfile(own, stage / own.name)
         own_version = parse_wheel_filename(own.name)[1]
         reqs = [torch_req, f"nox=={NOX_VERSION}", f"attnkit=={own_version}", "numpy"]
-        reqs += [f"{p.name}=={p.version}" for p in cell.packages]  # their dependencies (einops, ...)
+        reqs += [f"{p.name}=={p.version}" for p in kept]  # their dependencies (einops, ...)
         reqs += [r for pp in cell.pypi_packages for r in pp.requirements]  # FlashAttention-4: pinned, from PyPI
         _pip(["download", "-q", "--dest", str(stage), "--extra-index-url", index, "--find-links", str(stage),
               *_platform_args(cell), *reqs], f"downloading the closure of {', '.join(reqs[:3])}, ...")
@@ -107,6 +134,8 @@ def build_wheelhouse(cell: Cell, out: Path, wheels: Path | None = None, index: s
         (stage / "requirements.txt").write_text(requirements_for(stage))
         (stage / "devel" / "requirements.txt").write_text(requirements_for(stage / "devel"))
         manifest = {"cell": cell.id, "torch": torch_req, "torch_index": index, "cell_wheels": picked,
+                    "test_builds": [w for w in picked if w not in {p.wheel for p in kept}], "left_out": list(without),
+                    "pypi_packages": [r for pp in cell.pypi_packages for r in pp.requirements],
                     "files": sorted(p.name for p in stage.glob("*.whl")),
                     "bytes": sum(p.stat().st_size for p in stage.rglob("*.whl"))}
         (stage / "manifest.json").write_text(json.dumps(manifest, indent=1))
