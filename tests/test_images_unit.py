@@ -59,3 +59,18 @@ def test_wheelhouse_takes_marked_test_builds_only_when_asked(matrix, tmp_path):
         wheelhouse.cell_wheel(xf, house, test_builds=False)
     with pytest.raises(AttnkitError, match=r"--without: flash-attn-9 is not built for torch2.11-cu130-py313"):
         wheelhouse.build_wheelhouse(cell, tmp_path / "out", house, without=("flash-attn-9",))
+
+
+def test_labels_follow_what_the_wheelhouse_holds(matrix, tmp_path):
+    import json
+
+    from attnkit.images.build import wheelhouse_labels
+
+    cell = find_cell(matrix, "torch2.11-cu130-py313")
+    house = tmp_path / "wheelhouse"
+    house.mkdir()
+    assert wheelhouse_labels(house, cell) == {}  # no manifest: the matrix's versions stand
+    (house / "manifest.json").write_text(json.dumps({"cell_wheels": [
+        "xformers-0.0.35+cu13torch2.11cxx11abiTRUE.sm90-py39-none-linux_x86_64.whl"], "left_out": ["flash-attn"]}))
+    assert wheelhouse_labels(house, cell) == {"FLASH_ATTN_VERSION": "none",
+                                              "XFORMERS_VERSION": "0.0.35+cu13torch2.11cxx11abiTRUE.sm90"}

@@ -347,3 +347,18 @@ def test_wheels_torch_names_the_cells_torch_build(capsys, monkeypatch):
     assert main(["wheels", "torch", "--cell", "torch2.14-cu999-py312"]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--cell: unknown cell 'torch2.14-cu999-py312'" in err
+
+
+def test_describe_reads_the_target_interpreter_not_attnkits(tmp_path):
+    """The probe runs in the target and borrows attnkit's `packaging` alone: attnkit's own torch (this test
+    venv has one) and pip must not leak into what it reports."""
+    from attnkit.wheels.pyenv import describe
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
+    bare = describe(str(tmp_path / "bare" / "bin" / "python"))
+    assert bare.torch is None and bare.torch_dist is None and not bare.has_pip
+    cp = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+    assert f"{cp}-{cp}-manylinux_2_17_x86_64" in bare.tags and "py3-none-any" in bare.tags
+    assert bare.tags.index(f"{cp}-abi3-linux_x86_64") < bare.tags.index("py3-none-any")
+    with pytest.raises(AttnkitError, match="torch is not installed"):
+        bare.index_key()

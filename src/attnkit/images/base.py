@@ -71,6 +71,19 @@ def cuda_release(image: str) -> str:
     return m.group(1)
 
 
+def _copy_toolkit(home: Path, dest: Path) -> None:
+    """The provisioned toolkit as real files: its layout links into the wheels' site folder (absolute links),
+    which the image would not have; relative links inside it (lib64 -> lib) stay links."""
+    shutil.copytree(home, dest, symlinks=True)
+    for link in [p for p in dest.rglob("*") if p.is_symlink() and Path(p.readlink()).is_absolute()]:
+        target = link.resolve()
+        link.unlink()
+        if target.is_dir():
+            shutil.copytree(target, link, symlinks=False)
+        else:
+            shutil.copy2(target, link)
+
+
 def standin_containerfile(cuda: str, release: str, base: str, toolkit: bool) -> str:
     """The stand-in for nvidia/cuda:<release>-{base|devel}: its container environment, its toolkit for devel."""
     env = {
@@ -107,7 +120,7 @@ def cuda_standin(m: Matrix, cell: Cell, variant: str) -> str:
         if variant == "devel":
             spec = m.cuda[cell.cuda].toolkit_pypi
             tk = provision_pypi(cell.cuda, spec, cache_dir() / "toolkits")
-            shutil.copytree(tk.home, ctx / "cuda", symlinks=True)
+            _copy_toolkit(tk.home, ctx / "cuda")
         (ctx / "Containerfile").write_text(standin_containerfile(cell.cuda, release, base, variant == "devel"))
         r = subprocess.run(["podman", "build", "--isolation", "chroot", "-t", ref, "-f", str(ctx / "Containerfile"),
                             str(ctx)], capture_output=True, text=True, check=False)

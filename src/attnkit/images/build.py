@@ -21,7 +21,7 @@ from attnkit.matrix import emit, naming
 from attnkit.matrix.expand import Cell
 from attnkit.matrix.schema import Matrix
 
-_STEP = re.compile(r"^(STEP \d+/\d+|#\d+ \[)")
+_STEP = re.compile(r"^(\[\d+/\d+\] )?STEP \d+/\d+|^#\d+ \[")  # podman/buildah steps; buildx's "#5 [env 2/3]"
 
 
 def detect_builder() -> str:
@@ -72,6 +72,20 @@ def wheelhouse_digest(folder: Path) -> str:
     return h.hexdigest()
 
 
+def wheelhouse_labels(house: Path, cell: Cell) -> dict[str, str]:
+    """The version build args (and so labels) of what the wheelhouse really holds: a package left out is
+    'none', a test build carries its marked version ('0.0.35+cu13torch2.11cxx11abiTRUE.sm90')."""
+    from packaging.utils import canonicalize_name, parse_wheel_filename
+
+    path = house / "manifest.json"
+    if not path.is_file():
+        return {}
+    held = {canonicalize_name(parse_wheel_filename(w)[0]): w.split("-")[1]  # the version as named, not lower-cased
+            for w in json.loads(path.read_text()).get("cell_wheels", [])}
+    return {f"{naming.dist_name(p.name).upper()}_VERSION": held.get(canonicalize_name(p.name), "none")
+            for p in cell.packages}
+
+
 def _git_revision(tree: Path) -> str:
     r = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
     return r.stdout.strip() or "unknown"
@@ -104,6 +118,7 @@ def build_image(m: Matrix, cell: Cell, variant: str = "runtime", *, target: str 
         raise AttnkitError(f"images: {context / 'wheelhouse'} has no requirements.txt; run "
                            f"`attnkit images wheelhouse --cell {cell.id} --out {context / 'wheelhouse'}` first")
     args = build_args(cell, variant, base_image, _git_revision(tree))
+    args.update(wheelhouse_labels(context / "wheelhouse", cell))
     args["WHEELHOUSE_DIGEST"] = wheelhouse_digest(context / "wheelhouse")
     tag = tag or (cell.image_tags[variant][0] if target == variant else f"localhost/attnkit:{cell.id}-{target}")
     rep = ImageReport(cell.id, variant, target, builder, tag, args["BASE_IMAGE"])

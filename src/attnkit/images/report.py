@@ -33,6 +33,22 @@ print('built and loaded', mod.__file__)
 """
 
 
+# Can FlashAttention-4's kernel cache be filled while the image is built (no GPU there)? Its arch override
+# (FLASH_ATTENTION_ARCH) picks the kernel variant; the call itself still has to get CUDA tensors.
+_FA4_WITHOUT_GPU = r"""
+import os
+os.environ.update(FLASH_ATTENTION_ARCH="sm_90a", FLASH_ATTENTION_NUM_SMS="132")
+import torch
+from flash_attn.cute import flash_attn_func
+q = torch.randn(1, 128, 4, 64, dtype=torch.bfloat16)
+try:
+    flash_attn_func(q, q, q, causal=True)
+    print("compiled without a GPU")
+except Exception as exc:
+    print("no: %s: %s" % (type(exc).__name__, exc))
+"""
+
+
 def family(path: str) -> str | None:
     """'libcublasLt.so' for '/x/libcublasLt.so.13.1.0.3'; None for a library that is not a CUDA one."""
     name = path.rsplit("/", 1)[-1]
@@ -64,7 +80,7 @@ def inside(ref: str, variant: str) -> dict[str, Any]:
     found = _run(ref, "sh", "-c", "find / -xdev \\( " + " -o ".join(f"-name '{lib}*'" for lib in CUDA_LIBS)
                  + " \\) \\( -type f -o -type l \\) 2>/dev/null").stdout.split()
     dups = duplicate_cuda_libs(found)
-    if dups:
+    if dups and variant == "runtime":  # devel carries the toolkit's own copies on purpose (to link against)
         problems.append(f"CUDA libraries in more than one place: {dups}")
     tools = _run(ref, "sh", "-c", "for t in " + " ".join(TOOLS) + "; do command -v $t; done").stdout.split()
     pip = _run(ref, "python", "-m", "pip", "--version")
@@ -82,6 +98,11 @@ def inside(ref: str, variant: str) -> dict[str, Any]:
         "cuda_libraries": sorted(p for p in found if family(p)), "duplicate_cuda_libraries": dups,
         "tools_on_path": tools, "pip_runs": pip.returncode == 0, "doctor": doc,
     }
+    libs = {lib["name"]: lib for lib in (doc or {}).get("probe", {}).get("libraries", [])}
+    if libs.get("flash-attn-4", {}).get("loads"):
+        fa4 = _run(ref, "python", "-c", _FA4_WITHOUT_GPU)
+        said = (fa4.stdout.strip().splitlines() or [fa4.stderr.strip()[-200:]])[-1]
+        out["fa4_kernel_cache_at_build"] = {"possible": said == "compiled without a GPU", "said": said}
     if variant == "devel":
         if "nvcc" not in " ".join(tools):
             problems.append("no nvcc in the devel image")

@@ -73,7 +73,7 @@ def bake_args(c: Cell, variant: str) -> dict[str, str]:
         "CELL_ID": c.id,
         "PYTHON_VERSION": c.python,
         "TORCH_VERSION": c.torch_version,
-        "CUDA_VERSION": c.cuda or "cpu",
+        "TORCH_CUDA": c.cuda or "cpu",
     }
     versions = [(p.name, p.version) for p in c.packages] + [(p.name, p.version) for p in c.pypi_packages]
     for name, version in versions:

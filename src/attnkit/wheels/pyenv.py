@@ -15,12 +15,9 @@ from attnkit.matrix import naming
 from attnkit.matrix.expand import Cell
 
 _PROBE = r"""
-import importlib.util, json, platform, sys
-has_pip = importlib.util.find_spec("pip") is not None  # before attnkit's site-packages is on the path
-sys.path.append(sys.argv[1])  # attnkit's own `packaging`, last: the target's wins if it has one
-from packaging import tags
+import importlib.util, json, os, platform, sys
 out = {"python": "%d.%d" % sys.version_info[:2], "machine": platform.machine(), "executable": sys.executable,
-       "tags": [str(t) for t in tags.sys_tags()], "has_pip": has_pip}
+       "has_pip": importlib.util.find_spec("pip") is not None}
 try:
     import torch
     out.update(torch=torch.__version__, torch_cuda=torch.version.cuda, cxx11_abi=bool(torch._C._GLIBCXX_USE_CXX11_ABI))
@@ -28,6 +25,14 @@ try:
     out.update(torch_dist=importlib.metadata.version("torch"))
 except Exception as exc:
     out.update(torch=None, torch_error="%s: %s" % (type(exc).__name__, exc))
+if importlib.util.find_spec("packaging") is None:  # load attnkit's `packaging` alone, nothing else of its env
+    pkg = os.path.join(sys.argv[1], "packaging")
+    spec = importlib.util.spec_from_file_location("packaging", os.path.join(pkg, "__init__.py"),
+                                                  submodule_search_locations=[pkg])
+    sys.modules["packaging"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules["packaging"])
+from packaging import tags
+out["tags"] = [str(t) for t in tags.sys_tags()]
 print(json.dumps(out))
 """
 
