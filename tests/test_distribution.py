@@ -204,6 +204,16 @@ def served(tmp_path_factory):
 
 
 
+def _record(**row: object) -> None:
+    """With ATTNKIT_DIST_REPORT=path, keep what each resolver fetched (docs/results/<date>-distribution.json)."""
+    path = os.environ.get("ATTNKIT_DIST_REPORT")
+    if path:
+        import json
+
+        rows = json.loads(Path(path).read_text()) if Path(path).is_file() else []
+        Path(path).write_text(json.dumps([*rows, row], indent=1))
+
+
 def installed(py: Path, dist: str) -> str | None:
     r = run(py, "-c", f"import importlib.metadata as m\ntry: print(m.version({dist!r}))\nexcept Exception: print('-')")
     out = r.stdout.strip()
@@ -249,6 +259,9 @@ def test_pip_and_uv_install_the_right_wheel_from_the_keys_index(served, attnkit_
     ours = naming.wheel_filename("attnkit-demo", "1.0", cuda=cuda, torch=torch_minor, cxx11_abi=True, python=PY,
                                  wheel_tag="py39-none")
     newer = ours.replace("-1.0+", "-1.1+")
+    version = run(*([py, "-m", "pip"] if tool == "pip" else [find_uv()]), "--version").stdout.split()[1]
+    _record(tool=tool, tool_version=version, torch=torch_version, key=key, installed=installed(py, "attnkit-demo"),
+            requests=got)
     # of our index, one wheel is downloaded: the one installed. 1.1 is judged by its metadata file alone (and
     # dropped: its dependency exists nowhere). The dependency comes from "PyPI"; no torch wheel is fetched.
     assert [w for w in wheels if w.startswith("attnkit_demo-")] == [ours.replace("+", "%2B")], got
