@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -160,12 +161,21 @@ def test_readme_table_in_sync(matrix):
 def test_readme_update_is_atomic_and_checkable(tmp_path, capsys):
     r = tmp_path / "README.md"
     r.write_text(f"# x\n{emit.README_BEGIN}\nold\n{emit.README_END}\n")
+    r.chmod(0o644)
     assert main(["readme", "--readme", str(r), "--check"]) == 1
     assert "out of date" in capsys.readouterr().err
     assert main(["readme", "--readme", str(r)]) == 0
     assert "| torch2.11-cu130-py312 |" in r.read_text()
     assert main(["readme", "--readme", str(r), "--check"]) == 0
     assert [p.name for p in tmp_path.iterdir()] == ["README.md"]  # no temp file left behind
+    assert r.stat().st_mode & 0o777 == 0o644  # the file keeps its mode (not the temp file's 0600)
+    from attnkit._io import write_atomic
+
+    fresh = write_atomic(tmp_path / "new.json", "{}")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert fresh.stat().st_mode & 0o777 == 0o666 & ~umask
+    fresh.unlink()
     r.write_text("no markers\n")
     assert main(["readme", "--readme", str(r)]) == 1
     assert "markers" in capsys.readouterr().err

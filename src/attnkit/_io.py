@@ -13,6 +13,10 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        # mkstemp makes the file 0600: give it the target's mode, or what a plain open() would (0666 - umask)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, target.stat().st_mode & 0o7777 if target.exists() else 0o666 & ~umask)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data.encode("utf-8") if isinstance(data, str) else data)
             fh.flush()
