@@ -498,30 +498,28 @@ def build_parser() -> argparse.ArgumentParser:
                     "(repeatable; the manifest records it)")
     iw.add_argument("--file")
     iw.set_defaults(func=_cmd_images_wheelhouse)
+    def image_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--cell", required=True)
+        sp.add_argument("--variant", choices=("runtime", "devel"), default="runtime")
+        sp.add_argument("--base-image", help="override BASE_IMAGE (e.g. a local base)")
+        sp.add_argument("--local-base", action="store_true", help="make and use a base here: Debian (debootstrap), "
+                        "for CUDA cells a stand-in for nvidia/cuda (its container environment; the cell's PyPI "
+                        "toolkit for devel)")
+        sp.add_argument("--builder", choices=("docker", "podman"))
+        sp.add_argument("--context", default=".", help="build context holding wheelhouse/ (default: .)")
+        sp.add_argument("--file")
+
     ibd = imsub.add_parser("build", help="build with docker buildx (engine present) or podman")
-    ibd.add_argument("--cell", required=True)
-    ibd.add_argument("--variant", choices=("runtime", "devel"), default="runtime")
+    image_args(ibd)
     ibd.add_argument("--target", choices=("runtime", "devel", "smoke", "os", "env"),
                      help="Dockerfile stage (default: the variant); 'smoke' runs nox -s smoke in the image")
-    ibd.add_argument("--base-image", help="override BASE_IMAGE (e.g. a local base)")
-    ibd.add_argument("--local-base", action="store_true", help="make and use a base here: Debian (debootstrap), for CUDA cells a stand-in for "
-                     "nvidia/cuda (its container environment; the cell's PyPI toolkit for devel)")
-    ibd.add_argument("--builder", choices=("docker", "podman"))
-    ibd.add_argument("--context", default=".", help="build context holding wheelhouse/ (default: .)")
     ibd.add_argument("--report")
-    ibd.add_argument("--file")
     ibd.set_defaults(func=_cmd_images_build)
     irp = imsub.add_parser("report", help="build (twice), check inside without a GPU, and report size, layers, "
                            "CUDA libraries, doctor, smoke")
-    irp.add_argument("--cell", required=True)
-    irp.add_argument("--variant", choices=("runtime", "devel"), default="runtime")
-    irp.add_argument("--base-image", help="override BASE_IMAGE")
-    irp.add_argument("--local-base", action="store_true", help="make and use a base here (see images build)")
-    irp.add_argument("--builder", choices=("docker", "podman"))
-    irp.add_argument("--context", default=".", help="build context holding wheelhouse/ (default: .)")
+    image_args(irp)
     irp.add_argument("--out", help="write the JSON report here")
     irp.add_argument("--logs", help="keep the build logs here")
-    irp.add_argument("--file")
     irp.set_defaults(func=_cmd_images_report)
 
     for name, func, text in (("wheel-url", _cmd_wheel_url, "print the URL of the wheel that fits this environment "
