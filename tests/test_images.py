@@ -159,7 +159,10 @@ def test_tampered_wheel_fails_the_build(env, context, tmp_path):
     r = subprocess.run([sys.executable, "-m", "attnkit.cli", "images", "build", "--cell", CELL, "--base-image", base, "--builder", "podman",
                         "--context", str(bad)], capture_output=True, text=True)
     assert r.returncode == 1
+    # stderr holds the build's progress lines (the steps it got through), then ONE error line, no traceback
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "does not match its sha256 in requirements.txt" in lines[0], r.stderr
-    REPORT.update(tampered_wheel_error=lines[0])
+    errors = [ln for ln in lines if ln.startswith("attnkit: error:")]
+    assert errors == [lines[-1]] and "does not match its sha256 in requirements.txt" in lines[-1], r.stderr
+    assert all(ln.startswith("podman build ") for ln in lines[:-1]) and "Traceback" not in r.stderr, r.stderr
+    REPORT.update(tampered_wheel_error=lines[-1])
     assert time.monotonic() - t0 < 600
