@@ -65,28 +65,24 @@ def duplicate_cuda_libs(paths: list[str]) -> dict[str, list[str]]:
     return {fam: sorted(dirs) for fam, dirs in sorted(by.items()) if len(dirs) > 1}
 
 
-def _run(ref: str, *cmd: str) -> subprocess.CompletedProcess[str]:
-    return ib.run_in_image(ref, *cmd)
-
-
 def inside(ref: str, variant: str) -> dict[str, Any]:
     """Checks from inside the image; each item says what it found, `problems` what is wrong."""
     problems: list[str] = []
     info = json.loads(subprocess.run(["podman", "image", "inspect", ref], capture_output=True, text=True,
                                      check=True).stdout)[0]
-    uid = _run(ref, "id", "-u").stdout.strip()
+    uid = ib.run_in_image(ref, "id", "-u").stdout.strip()
     if uid == "0":
         problems.append("runs as root")
-    found = _run(ref, "sh", "-c", "find / -xdev \\( " + " -o ".join(f"-name '{lib}*'" for lib in CUDA_LIBS)
+    found = ib.run_in_image(ref, "sh", "-c", "find / -xdev \\( " + " -o ".join(f"-name '{lib}*'" for lib in CUDA_LIBS)
                  + " \\) \\( -type f -o -type l \\) 2>/dev/null").stdout.split()
     dups = duplicate_cuda_libs(found)
     if dups and variant == "runtime":  # devel carries the toolkit's own copies on purpose (to link against)
         problems.append(f"CUDA libraries in more than one place: {dups}")
-    tools = _run(ref, "sh", "-c", "for t in " + " ".join(TOOLS) + "; do command -v $t; done").stdout.split()
-    pip = _run(ref, "python", "-m", "pip", "--version")
+    tools = ib.run_in_image(ref, "sh", "-c", "for t in " + " ".join(TOOLS) + "; do command -v $t; done").stdout.split()
+    pip = ib.run_in_image(ref, "python", "-m", "pip", "--version")
     if variant == "runtime" and (tools or pip.returncode == 0):
         problems.append(f"build tools in the runtime image: {tools or ['pip (python -m pip)']}")
-    doctor = _run(ref, "python", "-m", "attnkit.cli", "doctor", "--json")
+    doctor = ib.run_in_image(ref, "python", "-m", "attnkit.cli", "doctor", "--json")
     try:
         doc = json.loads(doctor.stdout)
     except ValueError:
@@ -100,7 +96,7 @@ def inside(ref: str, variant: str) -> dict[str, Any]:
     }
     libs = {lib["name"]: lib for lib in (doc or {}).get("probe", {}).get("libraries", [])}
     if libs.get("flash-attn-4", {}).get("loads"):
-        fa4 = _run(ref, "python", "-c", _FA4_WITHOUT_GPU)
+        fa4 = ib.run_in_image(ref, "python", "-c", _FA4_WITHOUT_GPU)
         said = (fa4.stdout.strip().splitlines() or [fa4.stderr.strip()[-200:]])[-1]
         out["fa4_kernel_cache_at_build"] = {"possible": said == "compiled without a GPU", "said": said}
     if variant == "devel":
@@ -109,7 +105,7 @@ def inside(ref: str, variant: str) -> dict[str, Any]:
         if pip.returncode != 0:
             problems.append("no pip in the devel image")
         t0 = time.monotonic()
-        ext = _run(ref, "env", "TORCH_CUDA_ARCH_LIST=9.0", "python", "-c", _EXTENSION_CHECK)  # no GPU to ask
+        ext = ib.run_in_image(ref, "env", "TORCH_CUDA_ARCH_LIST=9.0", "python", "-c", _EXTENSION_CHECK)  # no GPU to ask
         out["extension_build"] = {"ok": ext.returncode == 0, "seconds": round(time.monotonic() - t0, 1),
                                   "output": (ext.stdout + ext.stderr).strip().splitlines()[-3:]}
         if ext.returncode != 0:
@@ -136,7 +132,7 @@ def full_report(m: Matrix, cell: Cell, variant: str, *, base_image: str, builder
     os_stage = ib.build_image(m, cell, variant, target="os", base_image=base_image, builder=builder,
                               context=context, tag=f"localhost/attnkit:{cell.id}-{variant}-os")
     base_size = ib.image_size(builder, base_image)
-    venv = int(_run(first.tag, "du", "-sb", "/opt/venv").stdout.split()[0])
+    venv = int(ib.run_in_image(first.tag, "du", "-sb", "/opt/venv").stdout.split()[0])
     # devel adds its own layers (compilers, headers, pip and build tools) on top of the runtime environment
     extra = sum(h["size"] or 0 for h in first.history if "g++" in h["created_by"] or "devel/requirements" in h["created_by"])
     rep: dict[str, Any] = {

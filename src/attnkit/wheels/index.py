@@ -28,7 +28,7 @@ from packaging.version import Version
 from attnkit.errors import AttnkitError
 from attnkit.matrix import naming
 from attnkit.wheels.build import verification_path
-from attnkit.wheels.retag import metadata_bytes, read_metadata
+from attnkit.wheels.retag import metadata_bytes, parse_metadata
 
 PYPI = "https://pypi.org/simple"
 
@@ -79,8 +79,9 @@ def collect(src: Path) -> list[Entry]:
             raise AttnkitError(f"{w.name}: no local version label (+cu13torch2.11cxx11abiTRUE); only wheels named by "
                                f"attnkit's pipeline are indexed, one index per label")
         name, version, _, _ = parse_wheel_filename(w.name)
-        rp = read_metadata(w).get("Requires-Python", [None])[0]
-        meta_sha = hashlib.sha256(metadata_bytes(w)).hexdigest()
+        meta = metadata_bytes(w)
+        rp = parse_metadata(meta).get("Requires-Python", [None])[0]
+        meta_sha = hashlib.sha256(meta).hexdigest()
         entries.append(Entry(canonicalize_name(name), w.name, str(version), key, sha, meta_sha, rp, rep["cell"],
                              len(data)))
     return entries

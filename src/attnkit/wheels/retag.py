@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import zipfile
 from email.parser import HeaderParser
 from pathlib import Path
 from zipfile import ZipInfo
@@ -126,7 +127,10 @@ def retag(src: Path, dest_dir: Path, filename: str, torch_minor: str) -> Path:
 
 def read_metadata(wheel: Path) -> dict[str, list[str]]:
     """METADATA headers of a wheel, multi-valued."""
-    raw = metadata_bytes(wheel)
+    return parse_metadata(metadata_bytes(wheel))
+
+
+def parse_metadata(raw: bytes) -> dict[str, list[str]]:
     msg = HeaderParser().parsestr(raw.decode("utf-8"))
     out: dict[str, list[str]] = {}
     for k, v in msg.items():
@@ -136,8 +140,6 @@ def read_metadata(wheel: Path) -> dict[str, list[str]]:
 
 def metadata_bytes(wheel: Path) -> bytes:
     """The wheel's .dist-info/METADATA exactly as stored: what an index serves as `<wheel>.metadata` (PEP 658)."""
-    import zipfile
-
     with zipfile.ZipFile(wheel) as z:
         meta = next((n for n in z.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1), None)
         if meta is None:
