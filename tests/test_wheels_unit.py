@@ -14,7 +14,7 @@ from wheelkit import make_wheel, verified
 
 from attnkit.cli import main
 from attnkit.errors import AttnkitError
-from attnkit.wheels import build, index, resolve, retag, verify
+from attnkit.wheels import index, resolve, retag, sizing, verify
 from attnkit.wheels.pyenv import PyEnv
 from attnkit.wheels.recipe import Arch, format_archs, load_recipe, parse_arch
 
@@ -71,11 +71,11 @@ def test_arch_formats():
     ],
 )
 def test_jobs_from_cores_and_memory(cores, mem, threads, per_job, expected, limit):
-    jobs, why = build.choose_jobs(cores, mem, threads, per_job)
+    jobs, why = sizing.choose_jobs(cores, mem, threads, per_job)
     assert jobs == expected and f"limited by {limit}" in why
-    assert build.choose_jobs(cores, mem, threads, per_job, override=3) == (3, "set by --jobs")
+    assert sizing.choose_jobs(cores, mem, threads, per_job, override=3) == (3, "set by --jobs")
     with pytest.raises(AttnkitError, match="--jobs: must be >= 1"):
-        build.choose_jobs(cores, mem, threads, per_job, override=0)
+        sizing.choose_jobs(cores, mem, threads, per_job, override=0)
 
 
 def test_retag_sets_local_version_and_torch_pin(tmp_path):
@@ -320,7 +320,7 @@ def test_peak_memory_follows_a_growing_machine(monkeypatch):
     """Firecracker VMs grow MemTotal as memory is used: every sample must re-read it, so the peak is real."""
     import threading
 
-    from attnkit.wheels import build as b
+    from attnkit.wheels import compile as b
 
     assert 0 < b.memory_used_gib() < 1 << 20
     readings = iter([10.0, 50.0, 140.0, 20.0])
@@ -362,3 +362,84 @@ def test_describe_reads_the_target_interpreter_not_attnkits(tmp_path):
     assert bare.tags.index(f"{cp}-abi3-linux_x86_64") < bare.tags.index("py3-none-any")
     with pytest.raises(AttnkitError, match="torch is not installed"):
         bare.index_key()
+
+
+# -- sharded builds: the pure parts (the real builds are in tests/test_sharded_build.py) -------------------------
+
+def _units(costs: dict[str, float]):
+    from attnkit.wheels.shards import Unit
+
+    return [Unit(output=f"<build>/{s}.o", source=s, command=f"nvcc -c <src>/{s}") for s in costs]
+
+
+def test_shards_balance_by_cost_not_count():
+    from attnkit.wheels.shards import split
+
+    costs = {"bwd_a.cu": 4.0, "bwd_b.cu": 4.0, **{f"fwd_{i}.cu": 1.0 for i in range(8)}}
+    patterns = {"bwd_*": 4.0}
+    shards = split(_units(costs), 2, patterns, {})
+    loads = [sum(c for _, c in s) for s in shards]
+    assert loads == [8.0, 8.0] and sorted(len(s) for s in shards) == [5, 5]
+    by_count_worst = split(_units(costs), 3, {}, {})  # no costs: every unit 1, 10 units over 3 shards
+    assert [len(s) for s in by_count_worst] == [4, 3, 3]
+    recorded = split(_units(costs), 2, patterns, {"fwd_0.cu": 9.0})  # a measurement beats the pattern
+    assert recorded[0][0][0].source == "fwd_0.cu" and [sum(c for _, c in s) for s in recorded] == [12.0, 12.0]
+    assert split(_units(costs), 2, patterns, {}) == split(list(reversed(_units(costs))), 2, patterns, {})
+
+
+def test_object_keys_change_with_every_input():
+    from attnkit.wheels.shards import unit_key
+
+    (u,) = _units({"k.cu": 1.0})
+    base = unit_key(u, "src1", "nvcc 13.0", "2.11.0+cu130")
+    assert base == unit_key(u, "src1", "nvcc 13.0", "2.11.0+cu130")
+    other_flags = type(u)(u.output, u.source, u.command + " -gencode=arch=compute_100,code=sm_100")
+    assert len({base, unit_key(u, "src2", "nvcc 13.0", "2.11.0+cu130"), unit_key(u, "src1", "nvcc 13.1", "2.11.0+cu130"),
+                unit_key(u, "src1", "nvcc 13.0", "2.12.0+cu130"), unit_key(other_flags, "src1", "nvcc 13.0", "2.11.0+cu130")}) == 5
+
+
+def test_shard_argument_and_cost_record(tmp_path):
+    from attnkit.errors import AttnkitError, UsageError
+    from attnkit.wheels.shards import load_recorded, parse_shard
+
+    assert parse_shard("2/4") == (2, 4)
+    for bad in ("0/4", "5/4", "2", "a/b", ""):
+        with pytest.raises(UsageError, match="--shard: expected I/N"):
+            parse_shard(bad)
+    rec = tmp_path / "shard.json"
+    rec.write_text(json.dumps({"shard": 1, "unit_seconds": {"a.cu": 12.5}}))
+    assert load_recorded(rec) == {"a.cu": 12.5}
+    rec.write_text("[1, 2]")
+    with pytest.raises(AttnkitError, match=r"^--costs .*: expected \{source: seconds\}"):
+        load_recorded(rec)
+
+
+def test_projected_wall_time():
+    from attnkit.wheels.shards import project_wall
+
+    seconds = {"bwd.cu": 100.0, **{f"f{i}.cu": 10.0 for i in range(20)}}  # 300 core-seconds
+    one = project_wall(seconds, 1, cores=4, memory_gib=16, memory_per_job_gib=5)
+    assert one["jobs"] == 3 and one["compile_s"] == 100.0  # 300 / 3 jobs = 100, and the longest unit is 100
+    four = project_wall(seconds, 4, cores=4, memory_gib=16, memory_per_job_gib=5, archs=4, overhead_s=60)
+    assert four["compile_s"] == 400.0 and four["wall_s"] == 460.0  # bounded by the backward unit x 4 archs
+
+
+def test_jobs_follow_the_cgroup_memory_limit(tmp_path):
+    from attnkit.wheels import sizing
+
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "memory.max").write_text(str(16 << 30))
+    (v2 / "memory.current").write_text(str(4 << 30))
+    assert sizing.cgroup_available_gib(v2) == 12.0
+    assert sizing.available_memory_gib(v2) <= 12.0
+    (v2 / "memory.max").write_text("max")
+    assert sizing.cgroup_available_gib(v2) is None
+    v1 = tmp_path / "v1"
+    (v1 / "memory").mkdir(parents=True)
+    (v1 / "memory" / "memory.limit_in_bytes").write_text(str(8 << 30))
+    (v1 / "memory" / "memory.usage_in_bytes").write_text(str(2 << 30))
+    assert sizing.cgroup_available_gib(v1) == 6.0
+    (v1 / "memory" / "memory.limit_in_bytes").write_text(str(1 << 62))  # v1's "no limit"
+    assert sizing.cgroup_available_gib(v1) is None
+    assert sizing.cgroup_available_gib(tmp_path / "none") is None

@@ -142,3 +142,32 @@ def test_release_chains_wheels_publish_pages_images():
     assert img["jobs"]["gpu-smoke"]["runs-on"] == ["self-hosted", "gpu"]
     assert img["jobs"]["promote"]["needs"] == ["plan", "gpu-smoke"]
     assert os.path.basename(str(ROOT / "docker" / "docker-bake.hcl"))
+
+
+def test_sharded_wheel_build_fans_out_and_joins_per_wheel(capsys):
+    """wheels.yml calls wheel-sharded.yml once per wheel; there the shard jobs come from `attnkit matrix
+    --shards` and the link job needs the compile job, i.e. every shard of that wheel."""
+    wheels = load("wheels.yml")
+    assert wheels["jobs"]["build"]["uses"] == "./.github/workflows/wheel-sharded.yml"
+    assert wheels["jobs"]["build"]["strategy"]["matrix"] == "${{ fromJSON(needs.plan.outputs.matrix) }}"
+    sharded = load("wheel-sharded.yml")
+    jobs = sharded["jobs"]
+    plan = "\n".join(s.get("run", "") for s in jobs["plan"]["steps"])
+    assert 'attnkit matrix --format github --package "$PACKAGE" --shards' in plan
+    assert jobs["compile"]["needs"] == "plan"
+    assert jobs["compile"]["strategy"]["matrix"] == "${{ fromJSON(needs.plan.outputs.matrix) }}"
+    compile_run = "\n".join(s.get("run", "") for s in jobs["compile"]["steps"])
+    assert '--shard "$SHARD" --objects objects' in compile_run
+    assert jobs["link"]["needs"] == "compile"  # a matrix job: the link waits for every shard
+    link_run = "\n".join(s.get("run", "") for s in jobs["link"]["steps"])
+    assert "--link-only --objects objects" in link_run
+    downloads = [s for s in jobs["link"]["steps"] if s.get("uses", "").startswith("actions/download-artifact@")]
+    assert downloads[0]["with"]["pattern"] == "objects-${{ inputs.package }}-${{ inputs.cell }}-*"
+    # what the plan step computes for the reference cell: N shard jobs, 1/N .. N/N
+    assert main(["matrix", "--format", "github", "--package", "flash-attn", "--shards", "--torch", "2.11",
+                 "--cuda", "13.0", "--python", "3.12"]) == 0
+    entries = [e for e in json.loads(capsys.readouterr().out)["include"] if e["cell"] == "torch2.11-cu130-py312"]
+    n = entries[0]["shards"]
+    assert n > 1 and [e["shard"] for e in entries] == [f"{i}/{n}" for i in range(1, n + 1)]
+    assert main(["ci-plan"]) == 0
+    assert "compile shard jobs" in capsys.readouterr().out

@@ -9,7 +9,7 @@ import json
 import zipfile
 from pathlib import Path
 
-from attnkit.wheels import build
+from attnkit.wheels import accept
 
 
 def _record(files: dict[str, bytes], info: str) -> bytes:
@@ -44,7 +44,7 @@ def make_wheel(path: Path, name: str = "demo_pkg", version: str = "1.0", tag: st
 def verified(whl: Path, cell: str = "torch2.11-cu130-py311") -> Path:
     """The report `attnkit wheels verify` leaves beside a wheel it accepted (index build requires one)."""
     rep = {"ok": True, "cell": cell, "sha256": hashlib.sha256(whl.read_bytes()).hexdigest(), "problems": []}
-    build.verification_path(whl).write_text(json.dumps(rep))
+    accept.verification_path(whl).write_text(json.dumps(rep))
     return whl
 
 

@@ -31,7 +31,9 @@ def _cmd_matrix(a: argparse.Namespace) -> int:
     elif a.format == "json":
         print(emit.to_json(cells))
     elif a.format == "github":
-        print(emit.to_github(cells, a.package))
+        if a.shards and not a.package:
+            raise UsageError("--shards: needs --package (shard jobs are per wheel)")
+        print(emit.to_github(cells, a.package, shards=a.shards))
     elif a.format == "bake":
         print(emit.to_bake(m, cells))
     else:
@@ -120,11 +122,18 @@ def _spec(a: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 def _cmd_wheels_build(a: argparse.Namespace) -> int:
     from attnkit._io import write_atomic
-    from attnkit.wheels.build import build_wheel, report_dict
+    from attnkit.wheels.compile import build_wheel, report_dict
+    from attnkit.wheels.shards import parse_shard
 
+    shard = parse_shard(a.shard) if a.shard else None
+    if shard and a.link_only:
+        raise UsageError("--shard and --link-only: a job either compiles a shard or links them all")
+    if (shard or a.link_only) and not a.objects:
+        raise UsageError("--objects: required with --shard and --link-only (the store the jobs share)")
     spec = _spec(a)
     rep = build_wheel(spec, Path(a.out), python=a.python, build_dir=Path(a.build_dir) if a.build_dir else None,
-                      toolkit=a.toolkit, jobs=a.jobs, verify=not a.no_verify)
+                      toolkit=a.toolkit, jobs=a.jobs, verify=not a.no_verify, shard=shard, link_only=a.link_only,
+                      objects=Path(a.objects) if a.objects else None, costs=Path(a.costs) if a.costs else None)
     doc = json.dumps(report_dict(rep), indent=1)
     if a.report:
         write_atomic(a.report, doc)
@@ -132,8 +141,28 @@ def _cmd_wheels_build(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_wheels_plan(a: argparse.Namespace) -> int:
+    from attnkit.wheels.compile import build_wheel
+    from attnkit.wheels.shards import Unit, load_recorded, plan_summary, print_plan
+
+    if a.shards < 1:
+        raise UsageError(f"--shards: must be >= 1, got {a.shards}")
+    spec = _spec(a)
+    rep = build_wheel(spec, Path("."), python=a.python, build_dir=Path(a.build_dir) if a.build_dir else None,
+                      toolkit=a.toolkit, jobs=a.jobs, plan_only=True)
+    assert rep.shard is not None
+    units = [Unit(**u) for u in rep.shard["unit_list"]]
+    plan = plan_summary(units, a.shards, dict(spec.recipe.build.unit_cost), load_recorded(a.costs))
+    plan.update(package=spec.package, cell=spec.cell.id, archs=rep.archs)
+    if a.json:
+        print(json.dumps(plan, indent=1))
+    else:
+        print_plan(plan)
+    return 0
+
+
 def _cmd_wheels_verify(a: argparse.Namespace) -> int:
-    from attnkit.wheels.build import accept, verification_path
+    from attnkit.wheels.accept import accept, verification_path
     from attnkit.wheels.verify import verify_wheel
 
     wheel = Path(a.wheel)
@@ -157,7 +186,7 @@ def _cmd_wheels_verify(a: argparse.Namespace) -> int:
 
 
 def _cmd_wheels_finalize(a: argparse.Namespace) -> int:
-    from attnkit.wheels.build import finalize
+    from attnkit.wheels.accept import finalize
 
     wheel = Path(a.wheel)
     if not wheel.is_file():
@@ -180,7 +209,7 @@ def _cmd_wheels_toolkit(a: argparse.Namespace) -> int:
 
 def _cmd_wheels_source(a: argparse.Namespace) -> int:
     from attnkit._io import cache_dir
-    from attnkit.wheels.build import prepare_source
+    from attnkit.wheels.source import prepare_source
 
     dest = Path(a.dest)
     print(prepare_source(_spec(a), dest, cache_dir()))
@@ -190,7 +219,8 @@ def _cmd_wheels_source(a: argparse.Namespace) -> int:
 def _cmd_wheels_env(a: argparse.Namespace) -> int:
     import shlex
 
-    from attnkit.wheels.build import jobs_for, recipe_env
+    from attnkit.wheels.compile import recipe_env
+    from attnkit.wheels.sizing import jobs_for
 
     spec = _spec(a)
     env = recipe_env(spec, jobs_for(spec, a.jobs)[0])
@@ -365,6 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
     mx.add_argument("--cuda", metavar="X.Y|cpu")
     mx.add_argument("--python", metavar="X.Y")
     mx.add_argument("--package", metavar="NAME")
+    mx.add_argument("--shards", action="store_true", help="with --format github --package: one job per compile "
+                                                          "shard of each wheel")
     mx.add_argument("--format", choices=FORMATS, default="table")
     mx.set_defaults(func=_cmd_matrix)
 
@@ -421,16 +453,30 @@ def build_parser() -> argparse.ArgumentParser:
         cell_only(sp)
         sp.add_argument("--python", default=sys.executable, help="interpreter with the cell's torch")
 
+    def build_args(sp: argparse.ArgumentParser) -> None:
+        cell_args(sp)
+        sp.add_argument("--build-dir", help="persistent build folder (resume); default in the cache")
+        sp.add_argument("--toolkit", default="auto", help="auto (CUDA_HOME, /usr/local/cuda, PATH), pypi, or a path")
+        sp.add_argument("--jobs", type=int, help="parallel compile jobs (default: from cores and memory)")
+        sp.add_argument("--archs", help="a test build for a subset of the cell's archs, e.g. 90 (wheel marked .sm90)")
+        sp.add_argument("--costs", help="measured seconds per unit (JSON; a shard report's unit_seconds) to balance "
+                                        "shards by")
+
     wb = wsub.add_parser("build", help="build one package for one cell, verify it, put it in --out")
-    cell_args(wb)
+    build_args(wb)
     wb.add_argument("--out", default="wheelhouse")
-    wb.add_argument("--build-dir", help="persistent build folder (resume); default in the cache")
-    wb.add_argument("--toolkit", default="auto", help="auto (CUDA_HOME, /usr/local/cuda, PATH), pypi, or a path")
-    wb.add_argument("--jobs", type=int, help="parallel compile jobs (default: from cores and memory)")
     wb.add_argument("--no-verify", action="store_true")
-    wb.add_argument("--archs", help="a test build for a subset of the cell's archs, e.g. 90 (wheel marked .sm90)")
     wb.add_argument("--report", help="also write the build report JSON here")
+    wb.add_argument("--shard", metavar="I/N", help="compile only shard I of N into --objects; link nothing")
+    wb.add_argument("--link-only", action="store_true", help="gather every unit from --objects, link, verify")
+    wb.add_argument("--objects", help="the object store a sharded build's shard and link jobs share")
     wb.set_defaults(func=_cmd_wheels_build)
+
+    wp = wsub.add_parser("plan", help="the compile units of a build split into N shards, with their cost")
+    build_args(wp)
+    wp.add_argument("--shards", type=int, required=True, help="number of shard jobs")
+    wp.add_argument("--json", action="store_true", help="print the plan as JSON")
+    wp.set_defaults(func=_cmd_wheels_plan)
 
     def wheel_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("wheel")

@@ -39,11 +39,12 @@ def to_json(cells: list[Cell]) -> str:
     return json.dumps([cell_dict(c) for c in cells], indent=2)
 
 
-def to_github(cells: list[Cell], package: str | None = None) -> str:
+def to_github(cells: list[Cell], package: str | None = None, shards: bool = False) -> str:
     """`{"include": [...]}` for `strategy.matrix: ${{ fromJSON(...) }}`.
 
     Without a package: one job per cell (images). With one: one job per distinct wheel of that package, in
-    the cell that builds it (expand.builders: cells can share a wheel).
+    the cell that builds it (expand.builders: cells can share a wheel), which links it; with `shards`, one
+    job per compile shard of each such wheel instead (`shard`: "i/N").
     """
     include: list[dict[str, Any]] = []
     for c in cells:
@@ -59,7 +60,10 @@ def to_github(cells: list[Cell], package: str | None = None) -> str:
             p = c.package(package)
             if p is None or p.built_in != c.id:
                 continue
-            entry.update(package=p.name, version=p.version, wheel=p.wheel, archs=";".join(p.archs))
+            entry.update(package=p.name, version=p.version, wheel=p.wheel, archs=";".join(p.archs), shards=p.shards)
+            if shards:
+                include.extend({**entry, "shard": f"{i}/{p.shards}"} for i in range(1, p.shards + 1))
+                continue
         else:
             entry["packages"] = " ".join(p.name for p in c.packages)
         include.append(entry)
@@ -113,6 +117,7 @@ def ci_plan(cells: list[Cell]) -> list[dict[str, Any]]:
         plan.append({
             "cell": c.id,
             "wheel_jobs": wheels,
+            "shard_jobs": {p.name: p.shards for p in c.packages if p.built_in == c.id},
             "shared_wheels": [p.name for p in c.packages if p.name not in wheels],
             "image_targets": [naming.bake_target(c.id, v) for v in VARIANTS],
             "smoke": "gpu" if c.cuda else "cpu",
@@ -126,12 +131,14 @@ def print_ci_plan(cells: list[Cell]) -> None:
     from rich.table import Table
 
     plan = ci_plan(cells)
-    t = Table(title=f"CI plan: {sum(len(p['wheel_jobs']) for p in plan)} wheel jobs, {len(plan)} image jobs "
-                    f"({2 * len(plan)} bake targets), {len(plan)} smoke jobs")
-    for col in ("cell", "wheel jobs", "image targets", "smoke", "moving tags"):
+    n_shards = sum(n for p in plan for n in p["shard_jobs"].values())
+    t = Table(title=f"CI plan: {n_shards} compile shard jobs, {sum(len(p['wheel_jobs']) for p in plan)} wheel "
+                    f"(link) jobs, {len(plan)} image jobs ({2 * len(plan)} bake targets), {len(plan)} smoke jobs")
+    for col in ("cell", "wheel jobs (shards)", "image targets", "smoke", "moving tags"):
         t.add_column(col)
     for p in plan:
-        wheels = ", ".join(p["wheel_jobs"]) + (f" (+{', '.join(p['shared_wheels'])} shared)" if p["shared_wheels"] else "")
+        wheels = ", ".join(f"{w} ({p['shard_jobs'][w]})" for w in p["wheel_jobs"])
+        wheels += f" (+{', '.join(p['shared_wheels'])} shared)" if p["shared_wheels"] else ""
         t.add_row(p["cell"], wheels or "-", " ".join(p["image_targets"]), p["smoke"],
                   " ".join(x.split(":", 1)[1] for x in p["moving_tags"]) or "-")
     Console(width=220).print(t)

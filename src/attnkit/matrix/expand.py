@@ -19,6 +19,7 @@ class PackageBuild:
     archs: tuple[str, ...]  # SM numbers ("90") or TORCH_CUDA_ARCH_LIST entries ("9.0"), per the package
     wheel: str
     built_in: str  # id of the cell whose job builds this wheel (cells can share one wheel, see builders())
+    shards: int = 1  # compile jobs in CI for this wheel (matrix.yaml packages.<name>.shards)
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,7 @@ def _make_cell(m: Matrix, torch: str, cuda: str | None, python: str, newest: boo
             wheel = _wheel_name(m, name, pkg, torch, cuda, python)
             bt, bc, bp = builder[wheel]
             packages.append(PackageBuild(name, pkg.version, _package_archs(m, pkg, bc), wheel,
-                                         naming.cell_id(bt, bc, bp)))
+                                         naming.cell_id(bt, bc, bp), pkg.shards))
     pypi: list[PypiBuild] = []
     for pname, pp in m.pypi_packages.items():
         if cuda is None or package_reasons(pname, pp, torch, cuda) or vkey(python) > vkey(pp.max_python):

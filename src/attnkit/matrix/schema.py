@@ -156,6 +156,8 @@ class Package(_Strict):
     archs: list[PackageArch] | Literal["torch"]
     limits: PackageLimits
     source: str
+    # compile jobs per wheel in CI: wheels.yml runs this many shard jobs, then one link job (wheels/shards.py)
+    shards: int = Field(default=1, ge=1, le=64)
 
 
 class PypiPackage(_Strict):

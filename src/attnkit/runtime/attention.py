@@ -15,6 +15,7 @@ from typing import Any
 
 import torch  # this module is the runtime's entry: `import attnkit` alone does not load it
 
+from attnkit.runtime import graph
 from attnkit.runtime.backends import Backend
 from attnkit.runtime.call import AttentionCall, Inputs
 from attnkit.runtime.layout import pack, unpack
@@ -37,6 +38,7 @@ def clear_cache() -> None:
 
 
 SELECTOR.on_change(clear_cache)
+graph.install()
 
 
 def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float | None = None,
@@ -52,8 +54,20 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
     `alibi_slopes`: float32 (heads,) or (batch, heads). `attn_bias`: additive, broadcastable to
     (batch, heads, seqlen_q, seqlen_k). Rows that see no key return zeros.
     `backend` (or $ATTNKIT_BACKEND) forces one backend and fails with its reasons if it cannot serve.
-    Returns a tensor shaped like q with v's head_dim. Differentiable.
+    Returns a tensor shaped like q with v's head_dim. Differentiable. Inside torch.compile (fullgraph too),
+    torch.export and torch.jit.trace the chosen kernel is recorded into the graph (runtime/graph.py).
     """
+    if torch.compiler.is_compiling():
+        names = tuple(n for n, t in (("alibi_slopes", alibi_slopes), ("attn_bias", attn_bias),
+                                     ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)) if t is not None)
+        tensors = tuple(t for t in (alibi_slopes, attn_bias, cu_seqlens_q, cu_seqlens_k) if t is not None)
+        return graph.ENTRY(q, k, v, bool(causal), float(softmax_scale or 0.0).as_integer_ratio(),
+                           float(dropout_p).as_integer_ratio(), tuple(window) if window is not None else (-1, -1),  # type: ignore[arg-type]
+                           float(softcap).as_integer_ratio(), backend or "",
+                           names, tensors, (-1 if max_seqlen_q is None else max_seqlen_q,
+                                            -1 if max_seqlen_k is None else max_seqlen_k))
+    if torch.jit.is_tracing():
+        return graph.run_traced(_inputs(**locals()), backend, "jit")
     if alibi_slopes is None and attn_bias is None:  # per-call tensor values: such calls are never cached
         dt = q.dtype
         if k.dtype is dt and v.dtype is dt and (window is None or type(window) is tuple):
@@ -95,6 +109,10 @@ def _first(inp: Inputs, backend: str | None, key: tuple[Any, ...] | None, vkey: 
 
     call, params = inp.prepare()
     q, k, v = inp.q, inp.k, inp.v
+    if call.device == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"attention(): the first call of a signature ({call.describe()}) came inside CUDA-graph "
+                           "capture; call it once before capturing (the warm-up torch.cuda.graphs asks for): "
+                           "probing, selection and a kernel's own set-up cannot be captured")
 
     def timer(b: Backend) -> float:  # autotune: time a candidate on detached copies, compile excluded
         with torch.no_grad():

@@ -7,6 +7,12 @@ Window (left, right), -1 = unbounded, is measured from that same aligned diagona
 
 Normalisation happens here, once, so no backend has to know it: bottom-right causal with one query is no
 mask at all (decode), and a window under causal keeps only its left side.
+
+A call being recorded into a graph (`trace`: "compile" for torch.compile / torch.export, "jit" for
+torch.jit.trace and the legacy ONNX exporter) is described from what the graph fixes: a dimension marked
+dynamic is a SymInt, described by its current size (its hint) without a guard, so selection never
+specialises it; only a decision that changes the result (does the causal diagonal need a lower-right
+mask?) is guarded.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 _FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+TRACES = {"compile": "torch.compile / torch.export", "jit": "torch.jit.trace (the legacy ONNX exporter)"}
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,7 @@ class AttentionCall:
     requires_grad: bool
     deterministic: bool = False
     softcap: bool = False
+    trace: str = ""  # "" = eager; else a key of TRACES: the call is being recorded into a graph
     # varlen only: per-sequence lengths, read once on the host while validating cu_seqlens
     lengths_q: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
     lengths_k: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
@@ -81,6 +89,8 @@ class AttentionCall:
             parts.append(f"window={self.window}")
         if self.requires_grad:
             parts.append("grad")
+        if self.trace:
+            parts.append(f"traced by {TRACES[self.trace]}")
         return " ".join(parts)
 
 
@@ -148,8 +158,8 @@ class Inputs:
     max_seqlen_q: int | None = None
     max_seqlen_k: int | None = None
 
-    def prepare(self) -> tuple[AttentionCall, Params]:
-        call = self.describe()
+    def prepare(self, trace: str = "") -> tuple[AttentionCall, Params]:
+        call = self.describe(trace)
         return call, self.params(call)
 
     def params(self, call: AttentionCall) -> Params:
@@ -157,8 +167,9 @@ class Inputs:
         return Params(scale=float(scale) if scale is not None else 1.0 / math.sqrt(call.head_dim),
                       dropout_p=float(self.dropout_p), window=call.window, softcap=float(self.softcap), inputs=self)
 
-    def describe(self) -> AttentionCall:
-        """Validate (ValueError naming the argument) and describe the call. Runs before any kernel."""
+    def describe(self, trace: str = "") -> AttentionCall:
+        """Validate (ValueError naming the argument) and describe the call. Runs before any kernel.
+        `trace`: the graph the call is being recorded into, if any (see the module's docstring)."""
         import torch
 
         q, k, v = self.q, self.k, self.v
@@ -201,16 +212,25 @@ class Inputs:
                             "varlen needs both cu_seqlens_q and cu_seqlens_k")
             if self.max_seqlen_q is None or self.max_seqlen_k is None:
                 raise _fail("max_seqlen_q" if self.max_seqlen_q is None else "max_seqlen_k", "required with cu_seqlens")
-            lengths_q = _check_cu(self.cu_seqlens_q, "cu_seqlens_q", q, self.max_seqlen_q, "max_seqlen_q")
-            lengths_k = _check_cu(self.cu_seqlens_k, "cu_seqlens_k", k, self.max_seqlen_k, "max_seqlen_k")
-            batch, batch_k = len(lengths_q), len(lengths_k)
-            if batch != batch_k:
-                raise _fail("cu_seqlens_k", f"describes {batch_k} sequences, cu_seqlens_q {batch}")
-            sq, sk = int(self.max_seqlen_q), int(self.max_seqlen_k)
+            if trace == "compile":  # the lengths are device data: a graph cannot read them on the host
+                for name, cu in (("cu_seqlens_q", self.cu_seqlens_q), ("cu_seqlens_k", self.cu_seqlens_k)):
+                    _check_cu_tensor(cu, name, q)
+                batch = _size(self.cu_seqlens_q.shape[0]) - 1
+                if _size(self.cu_seqlens_k.shape[0]) - 1 != batch:
+                    raise _fail("cu_seqlens_k", "describes a different number of sequences than cu_seqlens_q")
+            else:
+                lengths_q = _check_cu(self.cu_seqlens_q, "cu_seqlens_q", q, self.max_seqlen_q, "max_seqlen_q")
+                lengths_k = _check_cu(self.cu_seqlens_k, "cu_seqlens_k", k, self.max_seqlen_k, "max_seqlen_k")
+                batch, batch_k = len(lengths_q), len(lengths_k)
+                if batch != batch_k:
+                    raise _fail("cu_seqlens_k", f"describes {batch_k} sequences, cu_seqlens_q {batch}")
+            sq, sk = _size(self.max_seqlen_q), _size(self.max_seqlen_k)
         else:
             batch, sq, sk = q.shape[0], q.shape[1], k.shape[1]
             if k.shape[0] != batch:
                 raise _fail("k", f"batch {k.shape[0]} differs from q's {batch}")
+            if trace and self.causal and not (type(sq) is int and type(sk) is int):
+                bool(sq == sk)  # a guard: the graph is valid only while the diagonal's alignment holds
 
         alibi, bias = self.alibi_slopes, self.attn_bias
         if alibi is not None:
@@ -233,19 +253,19 @@ class Inputs:
             if bias.device != q.device:
                 raise _fail("attn_bias", f"device {bias.device} differs from q's {q.device}")
 
-        causal, window = normalise_mask(bool(self.causal), sq, window)
+        causal, window = normalise_mask(bool(self.causal), _size(sq), window)
         requires_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         return AttentionCall(
             device=q.device.type,
             device_index=q.device.index or 0,
             dtype=_dtype_name(q),
-            batch=int(batch),
-            seqlen_q=int(sq),
-            seqlen_k=int(sk),
-            heads=int(heads),
-            kv_heads=int(kv_heads),
-            head_dim=int(q.shape[-1]),
-            head_dim_v=int(v.shape[-1]),
+            batch=_size(batch),
+            seqlen_q=_size(sq),
+            seqlen_k=_size(sk),
+            heads=_size(heads),
+            kv_heads=_size(kv_heads),
+            head_dim=_size(q.shape[-1]),
+            head_dim_v=_size(v.shape[-1]),
             causal=causal,
             dropout=self.dropout_p > 0.0,
             window=window,
@@ -255,6 +275,7 @@ class Inputs:
             requires_grad=requires_grad,
             deterministic=requires_grad and torch.are_deterministic_algorithms_enabled(),
             softcap=self.softcap > 0,
+            trace=trace,
             lengths_q=lengths_q,
             lengths_k=lengths_k,
         )
@@ -280,13 +301,26 @@ def _check_window(window: Any) -> tuple[int, int] | None:
     return None if (left, right) == (-1, -1) else (left, right)
 
 
-def _check_cu(cu: Any, name: str, t: Any, max_len: int, max_name: str) -> tuple[int, ...]:
+def _size(n: Any) -> int:
+    """A size as a plain int: a SymInt (a dimension torch.compile keeps dynamic) by its current value, read
+    without a guard, so describing the call never specialises the graph to one size."""
+    if type(n) is int:
+        return n
+    hint = getattr(getattr(n, "node", None), "hint", None)
+    return int(hint) if hint is not None else int(n)
+
+
+def _check_cu_tensor(cu: Any, name: str, t: Any) -> None:
     import torch
 
-    if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 2:
+    if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or cu.shape[0] < 2:
         raise _fail(name, "expected a 1-D int32 tensor [0, len0, len0+len1, ...] with batch+1 entries")
     if cu.device != t.device:
         raise _fail(name, f"device {cu.device} differs from the tensors' {t.device}")
+
+
+def _check_cu(cu: Any, name: str, t: Any, max_len: int, max_name: str) -> tuple[int, ...]:
+    _check_cu_tensor(cu, name, t)
     host = cu.tolist()  # one small sync; varlen inputs are validated once per cu_seqlens tensor
     if host[0] != 0:
         raise _fail(name, f"must start at 0, starts at {host[0]}")

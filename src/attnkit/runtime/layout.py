@@ -32,12 +32,20 @@ def pack(x: Any, keep: Any) -> tuple[Any, Any, Any, int]:
         if bool((keep < 0).any()) or bool((keep > s).any()):
             raise ValueError(f"keep: lengths must be within [0, {s}]")
         mask = torch.arange(s, device=x.device)[None, :] < keep.to(x.device)[:, None]
+    indices, cu, max_len = mask_indices(mask)
+    packed = x.reshape(b * s, *x.shape[2:]).index_select(0, indices)
+    return packed, indices, cu, max_len
+
+
+def mask_indices(mask: Any) -> tuple[Any, Any, int]:
+    """A bool (batch, seqlen) mask of real tokens -> (indices of those tokens in the flattened batch,
+    cu_seqlens int32, max_seqlen). Reads the lengths on the host once."""
+    import torch
+
     lengths = mask.sum(dim=1, dtype=torch.int32)
     indices = torch.nonzero(mask.flatten(), as_tuple=False).flatten()
-    cu = torch.zeros(b + 1, dtype=torch.int32, device=x.device)
-    cu[1:] = torch.cumsum(lengths, dim=0, dtype=torch.int32)
-    packed = x.reshape(b * s, *x.shape[2:]).index_select(0, indices)
-    return packed, indices, cu, int(lengths.max().item()) if b else 0
+    cu = torch.nn.functional.pad(torch.cumsum(lengths, dim=0, dtype=torch.int32), (1, 0))
+    return indices, cu, int(lengths.max().item()) if mask.shape[0] else 0
 
 
 def unpack(packed: Any, indices: Any, batch: int, seqlen: int) -> Any:
@@ -145,6 +153,18 @@ def safe_rows(ok: Any) -> tuple[Any, Any]:
         first[0] = True
         ok = ok | (empty & first)
     return ok, empty
+
+
+def graph_mask(sq: Any, sk: Any, causal: bool, window: tuple[int, int] | None, device: Any) -> tuple[Any, Any]:
+    """cached_mask's result, built inside a torch.compile graph: sizes may be SymInts and nothing is read
+    on the host, so the first key is opened in every row and the empty-row mask is always returned (all
+    False unless some row sees no key)."""
+    import torch
+
+    ok = allowed_mask(sq, sk, causal=causal, window=window, device=device)
+    empty = ~ok.any(dim=-1, keepdim=True)
+    first = torch.arange(sk, device=device) == 0
+    return ok | (empty & first), empty
 
 
 @functools.lru_cache(maxsize=MASK_CACHE_SIZE)

@@ -27,7 +27,7 @@ from packaging.version import Version
 
 from attnkit.errors import AttnkitError
 from attnkit.matrix import naming
-from attnkit.wheels.build import verification_path
+from attnkit.wheels.accept import verification_path
 from attnkit.wheels.retag import metadata_bytes, parse_metadata
 
 PYPI = "https://pypi.org/simple"

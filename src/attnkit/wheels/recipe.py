@@ -46,6 +46,9 @@ class BuildKnobs(_Strict):
     nvcc_threads_value: str = "{threads}"
     nvcc_threads: int = Field(default=1, ge=1, le=16)
     memory_per_job_gib: float = Field(gt=0)
+    # relative compile cost of a unit by its source path (fnmatch, first match; others cost 1): balances
+    # sharded builds until a measured record (`wheels plan --costs`) is given
+    unit_cost: dict[str, float] = Field(default_factory=dict)
 
 
 class Recipe(_Strict):

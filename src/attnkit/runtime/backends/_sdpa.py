@@ -69,7 +69,8 @@ class SdpaBackend(Backend):
             kw["dropout_p"] = p.dropout_p
         if abs(p.scale * math.sqrt(call.head_dim) - 1.0) > 1e-12:  # SDPA's default is 1/sqrt(head_dim)
             kw["scale"] = p.scale
-        expand = call.gqa and self.limits.gqa == "expand"
+        # the legacy ONNX exporter has no GQA form of SDPA: k/v heads are expanded in the graph
+        expand = call.gqa and (self.limits.gqa == "expand" or call.trace == "jit")
         if call.gqa and not expand:
             kw["enable_gqa"] = True
         sq, sk = call.seqlen_q, call.seqlen_k
@@ -79,13 +80,17 @@ class SdpaBackend(Backend):
         if not needs_mask and (not call.causal or sq == sk):
             if call.causal:
                 kw["is_causal"] = True
-        elif not needs_mask and self._lower_right_ok(sq, sk):
+        elif not needs_mask and self._lower_right_ok(sq, sk) and not call.trace:
             from torch.nn.attention.bias import causal_lower_right
 
             kw["attn_mask"] = causal_lower_right(sq, sk)
             bias_object = True
             if sq > sk:
                 empty = _empty_rows_lower_right(sq, sk, device)
+        elif call.trace == "compile":  # sizes may be symbolic and values unknown: a mask built in the graph
+            ok, empty = layout.graph_mask(q.shape[-3], k.shape[-3], call.causal, call.window, device)
+            kw["attn_mask"] = (layout.dense_bias(ok, q.dtype, alibi_slopes=p.alibi_slopes, attn_bias=p.attn_bias)
+                               if call.alibi or call.bias else ok)
         else:
             lengths = (call.lengths_q, call.lengths_k) if call.varlen else None
             ok, empty = layout.cached_mask(sq, sk, call.causal, call.window, device, lengths)
@@ -125,7 +130,8 @@ class SdpaBackend(Backend):
 
         if call.softcap:
             return run
-        picked = None if bias_object else self._torch_pick(q, k, v, call, kw)
+        # in a graph the host-time shortcuts buy nothing, and torch's pick is made when the graph is traced
+        picked = None if bias_object or call.trace else self._torch_pick(q, k, v, call, kw)
         wanted = None if self.sdp_name is None else int(_sdp_backend(self.sdp_name))
         if picked is not None and wanted in (None, picked):
             if not (idx_q is not None or expand or empty is not None or "attn_mask" in kw):

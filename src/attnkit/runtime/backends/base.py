@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from attnkit.runtime.call import AttentionCall, Params
+from attnkit.runtime.call import TRACES, AttentionCall, Params
 
 if TYPE_CHECKING:
     from attnkit.runtime.probe import Probe
@@ -42,6 +42,12 @@ class Limits:
     softcap: bool = False
     backward: bool = True
     deterministic_backward: bool = False
+    # graphs that can record the backend's call (call.trace): "compile" needs ops torch.compile can trace
+    # (aten ops, torch.library custom ops), "jit" ops the TorchScript tracer and ONNX exporter know
+    traces: frozenset[str] = frozenset()
+
+
+GRAPH_TRACES = frozenset({"compile", "jit"})  # torch's own SDPA: recorded by both graphs
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,10 @@ def reasons(limits: Limits | tuple[ArchLimits, ...], call: AttentionCall,
         out.append("forward only (no backward)")
     if call.deterministic and not limits.deterministic_backward:
         out.append("backward is not deterministic (torch.use_deterministic_algorithms is on)")
+    if call.trace and call.trace not in limits.traces:
+        out.append(f"its call cannot be recorded by {TRACES[call.trace]}")
+    elif call.trace == "compile" and call.varlen and limits.varlen == "padded":
+        out.append("varlen through padding reads the sequence lengths on the host, which torch.compile cannot trace")
     return out
 
 

@@ -23,6 +23,7 @@ class FlashAttn2(Backend):
         dropout=True,
         softcap=True,  # flash-attn >= 2.6
         deterministic_backward=True,
+        traces=frozenset({"compile"}),  # flash-attn >= 2.7 registers its kernels as torch.library ops
     )
 
     def bind(self, call: AttentionCall, p: Params, q: Any, k: Any, v: Any) -> Runner:

@@ -9,7 +9,7 @@ there, faster than cuDNN with a materialised lower-right mask; docs/results/2026
 served: torch falls back to its math kernel where no fused kernel fits."""
 
 from attnkit.runtime.backends._sdpa import SdpaBackend
-from attnkit.runtime.backends.base import Limits
+from attnkit.runtime.backends.base import GRAPH_TRACES, Limits
 
 
 class Sdpa(SdpaBackend):
@@ -27,4 +27,5 @@ class Sdpa(SdpaBackend):
         alibi=True,
         bias=True,
         dropout=True,
+        traces=GRAPH_TRACES,
     )

@@ -2,7 +2,7 @@
 itself picks on CPU, several times faster than the math reference there."""
 
 from attnkit.runtime.backends._sdpa import SdpaBackend
-from attnkit.runtime.backends.base import Limits
+from attnkit.runtime.backends.base import GRAPH_TRACES, Limits
 
 
 class SdpaCpu(SdpaBackend):
@@ -16,4 +16,5 @@ class SdpaCpu(SdpaBackend):
         gqa="native",
         causal_unequal=False,
         dropout=False,
+        traces=GRAPH_TRACES,
     )

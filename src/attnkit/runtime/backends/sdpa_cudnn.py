@@ -4,7 +4,7 @@ H200: docs/results/2026-11-30-h200-bench-flash-attn.json). Measured there with t
 dropout."""
 
 from attnkit.runtime.backends._sdpa import SdpaBackend
-from attnkit.runtime.backends.base import Limits
+from attnkit.runtime.backends.base import GRAPH_TRACES, Limits
 
 
 class SdpaCudnn(SdpaBackend):
@@ -21,4 +21,5 @@ class SdpaCudnn(SdpaBackend):
         alibi=True,
         bias=True,
         dropout=True,
+        traces=GRAPH_TRACES,
     )

@@ -2,7 +2,7 @@
 fp32 too, and takes masks, so it serves windows, ALiBi, bias and (padded) varlen."""
 
 from attnkit.runtime.backends._sdpa import SdpaBackend
-from attnkit.runtime.backends.base import Limits
+from attnkit.runtime.backends.base import GRAPH_TRACES, Limits
 
 
 class SdpaEfficient(SdpaBackend):
@@ -21,4 +21,5 @@ class SdpaEfficient(SdpaBackend):
         alibi=True,
         bias=True,
         dropout=True,
+        traces=GRAPH_TRACES,
     )

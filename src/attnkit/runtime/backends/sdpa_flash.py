@@ -1,7 +1,7 @@
 """torch SDPA, FlashAttention-2 sub-backend (built into torch): no extra install, native GQA."""
 
 from attnkit.runtime.backends._sdpa import SdpaBackend
-from attnkit.runtime.backends.base import Limits
+from attnkit.runtime.backends.base import GRAPH_TRACES, Limits
 
 
 class SdpaFlash(SdpaBackend):
@@ -14,4 +14,5 @@ class SdpaFlash(SdpaBackend):
         head_dim_multiple=8,
         gqa="native",
         dropout=True,
+        traces=GRAPH_TRACES,
     )

@@ -2,7 +2,7 @@
 which SDPA has no argument for, runs as the same math written out (layout.eager_sdpa)."""
 
 from attnkit.runtime.backends._sdpa import SdpaBackend
-from attnkit.runtime.backends.base import Limits
+from attnkit.runtime.backends.base import GRAPH_TRACES, Limits
 
 
 class SdpaMath(SdpaBackend):
@@ -22,4 +22,5 @@ class SdpaMath(SdpaBackend):
         dropout=True,
         softcap=True,
         deterministic_backward=True,
+        traces=GRAPH_TRACES,
     )

@@ -1,10 +1,12 @@
-"""The build driver: one package for one cell, natively, with the cell's torch and a matching CUDA toolkit.
+"""Pipeline stage 3, the compile driver: one package for one cell, natively, with the cell's torch and a
+matching CUDA toolkit.
 
-- parallelism from cores AND memory (a heavy nvcc job takes several GB), overridable;
 - resumable: the source tree and its build/ folder live in a persistent build dir, and setuptools' ninja
   build only recompiles objects that are missing or stale, so a build stopped by a time limit continues;
+- shardable: `shard=(i, n)` compiles only shard i's units and stores them; `link_only` gathers every unit
+  from the object store and links (wheels/shards.py);
 - progress from ninja's `[done/total]` lines (objects done, elapsed, estimate), and a full log kept;
-- the wheel is renamed/pinned (retag) and verified before it is moved into the output directory.
+- the wheel is then accepted (wheels/accept.py): renamed, pinned, verified, moved into the output directory.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tarfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -25,100 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from attnkit._io import cache_dir
-from attnkit._progress import Counter, download
+from attnkit._progress import Counter
 from attnkit.errors import AttnkitError
-from attnkit.matrix import naming
 from attnkit.wheels import pyenv
+from attnkit.wheels.accept import finalize
 from attnkit.wheels.recipe import BuildSpec, format_archs
+from attnkit.wheels.sizing import jobs_for, memory_used_gib
+from attnkit.wheels.source import prepare_source, source_digest
 from attnkit.wheels.toolkit import Toolkit, check_major, resolve_toolkit
 
 _PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]")
-
-
-def _meminfo_gib() -> dict[str, float]:
-    """/proc/meminfo's MemTotal and MemAvailable in GiB, read now ({} where there is none)."""
-    try:
-        return {ln.split(":")[0]: int(ln.split()[1]) / (1024 * 1024)
-                for ln in Path("/proc/meminfo").read_text().splitlines()
-                if ln.startswith(("MemTotal:", "MemAvailable:"))}
-    except (OSError, ValueError, IndexError):
-        return {}
-
-
-def available_memory_gib() -> float:
-    return _meminfo_gib().get("MemAvailable", 8.0)
-
-
-def cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
-def choose_jobs(cores: int, mem_gib: float, nvcc_threads: int, mem_per_job_gib: float,
-                override: int | None = None) -> tuple[int, str]:
-    """Parallel compile jobs, and why: limited by cores (each job runs `nvcc_threads` threads) and by
-    memory (each job may peak at `mem_per_job_gib`), so a build never runs the machine out of memory."""
-    if override is not None:
-        if override < 1:
-            raise AttnkitError(f"--jobs: must be >= 1, got {override}")
-        return override, "set by --jobs"
-    by_cores = max(1, cores // nvcc_threads)
-    by_mem = max(1, int(mem_gib // mem_per_job_gib))
-    jobs = min(by_cores, by_mem)
-    limit = "memory" if by_mem < by_cores else "cores"
-    return jobs, (f"{cores} cores / {nvcc_threads} nvcc threads = {by_cores}, {mem_gib:.0f} GiB free / "
-                  f"{mem_per_job_gib:g} GiB per job = {by_mem}: limited by {limit}")
-
-
-def fetch_sdist(url: str, sha256: str, cache: Path) -> Path:
-    """Download once into the cache; a file whose sha256 differs from matrix.yaml's is refused."""
-    dest = cache / "sdists" / url.rsplit("/", 1)[-1]
-    if dest.is_file() and hashlib.sha256(dest.read_bytes()).hexdigest() == sha256:
-        return dest
-    got_path = download(url, dest.with_name(dest.name + ".new"), f"sdist {dest.name}")
-    got = hashlib.sha256(got_path.read_bytes()).hexdigest()
-    if got != sha256:
-        got_path.unlink(missing_ok=True)
-        raise AttnkitError(f"sdist: {url} has sha256 {got}, matrix.yaml says {sha256}")
-    got_path.replace(dest)
-    return dest
-
-
-def prepare_source(spec: BuildSpec, build_dir: Path, cache: Path) -> Path:
-    """The source tree to build in. Kept between runs (with its build/ objects) so builds resume."""
-    src = build_dir / "src"
-    if spec.local_source is not None:
-        # copy2 keeps the sources' mtimes, so ninja still sees earlier objects as up to date
-        shutil.copytree(spec.local_source, src, dirs_exist_ok=True, copy_function=shutil.copy2,
-                        ignore=shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__"))
-        return src
-    assert spec.sdist_url and spec.sdist_sha256
-    marker = build_dir / ".sdist-sha256"
-    if src.is_dir() and marker.is_file() and marker.read_text().strip() == spec.sdist_sha256:
-        return src
-    archive = fetch_sdist(spec.sdist_url, spec.sdist_sha256, cache)
-    tmp = build_dir / "src.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(tmp, filter="data")
-    tops = [p for p in tmp.iterdir() if p.is_dir()]
-    if len(tops) != 1:
-        raise AttnkitError(f"sdist: {archive.name} does not unpack to one folder")
-    shutil.rmtree(src, ignore_errors=True)
-    tops[0].replace(src)
-    shutil.rmtree(tmp, ignore_errors=True)
-    marker.write_text(spec.sdist_sha256 + "\n")
-    return src
-
-
-def jobs_for(spec: BuildSpec, override: int | None = None) -> tuple[int, str]:
-    """choose_jobs() for this machine and this recipe's per-job cost."""
-    knobs = spec.recipe.build
-    return choose_jobs(cpu_count(), available_memory_gib(), knobs.nvcc_threads, knobs.memory_per_job_gib, override)
-
 
 def recipe_env(spec: BuildSpec, jobs: int) -> dict[str, str]:
     """The variables that drive the package's setup.py: the recipe's switches, its arch list, parallelism.
@@ -130,7 +47,6 @@ def recipe_env(spec: BuildSpec, jobs: int) -> dict[str, str]:
     if knobs.nvcc_threads_env:
         env[knobs.nvcc_threads_env] = knobs.nvcc_threads_value.format(threads=knobs.nvcc_threads)
     return env
-
 
 def build_env(spec: BuildSpec, tk: Toolkit, jobs: int) -> dict[str, str]:
     env = {**os.environ, **recipe_env(spec, jobs)}
@@ -158,17 +74,8 @@ class BuildReport:
     objects_compiled_this_run: int = 0
     peak_memory_used_gib: float | None = None
     log: str = ""
+    shard: dict[str, Any] | None = None  # the shim's report of a plan, a shard or a link (wheels/shards.py)
     verify: dict[str, Any] = field(default_factory=dict)
-
-
-def memory_used_gib() -> float | None:
-    """MemTotal - MemAvailable, both read now: on VMs whose memory grows as it is used (Firecracker
-    balloons), a MemTotal read once at the start would understate the peak."""
-    info = _meminfo_gib()
-    if "MemTotal" not in info or "MemAvailable" not in info:
-        return None
-    return info["MemTotal"] - info["MemAvailable"]
-
 
 def _watch_memory(stop: threading.Event, out: list[float]) -> None:
     while not stop.wait(1.0):
@@ -177,10 +84,10 @@ def _watch_memory(stop: threading.Event, out: list[float]) -> None:
             return
         out.append(used)
 
-
 def run_build(spec: BuildSpec, src: Path, env: dict[str, str], python: str, dist: Path, log_path: Path,
-              report: BuildReport) -> Path:
-    """Run `pip wheel` in the source tree (in place, so objects persist), streaming progress."""
+              report: BuildReport, stopped: Any = None) -> Path | None:
+    """Run `pip wheel` in the source tree (in place, so objects persist), streaming progress. None when
+    `stopped()` says the build was stopped on purpose (a plan or a shard: nothing linked)."""
     shutil.rmtree(dist, ignore_errors=True)
     dist.mkdir(parents=True)
     cmd = [python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-cache-dir", "-v",
@@ -216,6 +123,8 @@ def run_build(spec: BuildSpec, src: Path, env: dict[str, str], python: str, dist
     report.objects_total = progress.total or report.objects_total
     report.objects_compiled_this_run = compiled
     report.peak_memory_used_gib = round(max(mem), 2) if mem else None
+    if rc != 0 and stopped is not None and stopped():
+        return None
     if rc != 0:
         tail = _log_tail(log_path)
         raise AttnkitError(f"build: pip wheel failed for {spec.package} ({tail}); full log: {log_path}")
@@ -223,7 +132,6 @@ def run_build(spec: BuildSpec, src: Path, env: dict[str, str], python: str, dist
     if len(wheels) != 1:
         raise AttnkitError(f"build: expected one wheel in {dist}, found {len(wheels)}; log: {log_path}")
     return wheels[0]
-
 
 def _session_members(sid: int) -> list[int]:
     """PIDs in session `sid`. ninja puts each compiler in its own process group (so Ctrl-C does not reach
@@ -237,7 +145,6 @@ def _session_members(sid: int) -> list[int]:
         if int(fields[3]) == sid:  # session id is field 6; fields[0] is field 3 (state)
             pids.append(int(stat.parent.name))
     return pids
-
 
 def _stop_session(proc: subprocess.Popen[str]) -> None:
     import signal
@@ -255,7 +162,6 @@ def _stop_session(proc: subprocess.Popen[str]) -> None:
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
 
-
 def _log_tail(path: Path) -> str:
     lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
     for ln in reversed(lines):
@@ -263,9 +169,13 @@ def _log_tail(path: Path) -> str:
             return ln[:300]
     return lines[-1][:300] if lines else "no output"
 
-
 def build_wheel(spec: BuildSpec, out: Path, *, python: str = sys.executable, build_dir: Path | None = None,
-                toolkit: str = "auto", jobs: int | None = None, verify: bool = True) -> BuildReport:
+                toolkit: str = "auto", jobs: int | None = None, verify: bool = True,
+                shard: tuple[int, int] | None = None, link_only: bool = False, plan_only: bool = False,
+                objects: Path | None = None, costs: Path | None = None) -> BuildReport:
+    """Build, accept and report one wheel; or, sharded (wheels/shards.py): `plan_only` lists the compile
+    units, `shard=(i, n)` compiles shard i's units into the object store `objects`, `link_only` gathers every
+    unit from that store, links, and accepts the wheel exactly as an unsharded build does."""
     cell = spec.cell
     assert cell.cuda is not None
     env_info = pyenv.describe(python)
@@ -282,13 +192,29 @@ def build_wheel(spec: BuildSpec, out: Path, *, python: str = sys.executable, bui
     report = BuildReport(spec.package, spec.version, cell.id, jobs=n_jobs, jobs_reason=why,
                          nvcc_threads=knobs.nvcc_threads, archs=format_archs(list(spec.archs), knobs.arch_format),
                          toolkit=f"CUDA {tk.version} ({tk.source}: {tk.home})", log=str(build_dir / "build.log"))
-    print(f"attnkit: building {spec.package} {spec.version} for {cell.id}: {knobs.arch_env}={report.archs}, "
+    mode = "plan" if plan_only else "compile" if shard else "link" if link_only else None
+    what = {"plan": "planning", "compile": f"compiling shard {shard[0]}/{shard[1]} of" if shard else "",
+            "link": "linking", None: "building"}[mode]
+    print(f"attnkit: {what} {spec.package} {spec.version} for {cell.id}: {knobs.arch_env}={report.archs}, "
           f"{n_jobs} jobs ({why}), toolkit {report.toolkit}", file=sys.stderr, flush=True)
     src = prepare_source(spec, build_dir, cache)
+    env = build_env(spec, tk, n_jobs)
+    shim_report = build_dir / "shard-report.json"
+    if mode is not None:
+        env = _sharded_env(mode, spec, src, build_dir, env, tk, env_info.torch or "", shard, objects, costs,
+                           shim_report)
     t0 = time.monotonic()
-    built = run_build(spec, src, build_env(spec, tk, n_jobs), python, build_dir / "dist",
-                      build_dir / "build.log", report)
+    built = run_build(spec, src, env, python, build_dir / "dist", build_dir / "build.log", report,
+                      stopped=(lambda: _shim_stopped(shim_report)) if mode is not None else None)
     report.seconds = round(time.monotonic() - t0, 1)
+    if mode is not None:
+        report.shard = json.loads(shim_report.read_text(encoding="utf-8"))
+        if mode == "link" and report.shard.get("missing"):
+            raise AttnkitError(f"link: {len(report.shard['missing'])} of {report.shard['units']} objects are not in "
+                               f"the object store {objects}: {', '.join(report.shard['missing'][:3])} ... (run every "
+                               "shard of this cell with the same source, flags, toolkit and torch first)")
+    if built is None:  # a plan or a shard: nothing to link
+        return report
     final, verified = finalize(built, spec, out, python=python, machine=env_info.machine, verify=verify)
     report.verify = verified or {}
     report.wheel = final.name
@@ -298,50 +224,39 @@ def build_wheel(spec: BuildSpec, out: Path, *, python: str = sys.executable, bui
     return report
 
 
-def finalize(built: Path, spec: BuildSpec, out: Path, *, python: str = sys.executable, machine: str | None = None,
-             verify: bool = True) -> tuple[Path, dict[str, Any] | None]:
-    """A freshly built wheel -> its published name and torch pin (retag) -> verified -> moved into `out`.
-    Shared by the native driver and cibuildwheel's repair step, so both accept wheels the same way."""
-    import platform
-    import tempfile
-
-    from attnkit.wheels.retag import retag
-
-    cell = spec.cell
-    assert cell.cuda is not None
-    filename = naming.wheel_filename(spec.package, spec.version, cuda=cell.cuda, torch=cell.torch,
-                                     cxx11_abi=cell.cxx11_abi, python=cell.python, wheel_tag=spec.wheel_tag, arch_subset=spec.arch_subset,
-                                     machine=machine or platform.machine())
-    with tempfile.TemporaryDirectory(prefix="attnkit-stage-") as tmp:
-        staged = retag(built, Path(tmp), filename, cell.torch)
-        if not verify:
-            return accept(staged, out, None), None
-        from attnkit.wheels.verify import verify_wheel
-
-        vr = verify_wheel(staged, spec, python=python)
-        if not vr.ok:
-            raise AttnkitError(f"verify: {staged.name} rejected: {'; '.join(vr.problems)}")
-        return accept(staged, out, vr.to_dict()), vr.to_dict()
+def _shim_stopped(path: Path) -> bool:
+    """The shim stopped the build on purpose: a plan or a shard done, or a link missing objects."""
+    try:
+        done = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return done.get("mode") in ("plan", "compile") or bool(done.get("missing"))
 
 
-def verification_path(wheel: Path) -> Path:
-    """Where a wheel's verification report lives: next to it, `<wheel>.verify.json`."""
-    return wheel.with_name(wheel.name + ".verify.json")
+def _sharded_env(mode: str, spec: BuildSpec, src: Path, build_dir: Path, env: dict[str, str], tk: Toolkit,
+                 torch: str, shard: tuple[int, int] | None, objects: Path | None, costs: Path | None,
+                 report: Path) -> dict[str, str]:
+    """The build environment with attnkit's ninja shim first on PATH and its context written."""
+    from attnkit.wheels import shards
 
-
-def accept(staged: Path, out: Path, verification: dict[str, Any] | None) -> Path:
-    """Move a verified wheel into the output directory: temp name + rename, report first, so `out` never
-    holds a half-written wheel or a wheel without its report."""
-    out.mkdir(parents=True, exist_ok=True)
-    final = out / staged.name
-    if verification is not None:
-        from attnkit._io import write_atomic
-
-        write_atomic(verification_path(final), json.dumps(verification, indent=1))
-    tmp = out / f".{staged.name}.tmp"
-    shutil.copyfile(staged, tmp)
-    tmp.replace(final)
-    return final
+    real = shutil.which("ninja", path=env.get("PATH"))
+    if real is None:
+        raise AttnkitError("build: sharding needs ninja on PATH (pip install ninja), as torch's BuildExtension does")
+    if mode in ("compile", "link") and objects is None:
+        raise AttnkitError("--objects: a sharded build needs the object store folder (shared by its shard and "
+                           "link jobs)")
+    nvcc = subprocess.run([str(tk.home / "bin" / "nvcc"), "--version"], capture_output=True, text=True)
+    report.unlink(missing_ok=True)
+    ctx = shards.Context(mode=mode, real_ninja=real, source_root=str(src.resolve()),
+                         build_root=str((src / "build").resolve()), store=str((objects or build_dir / "objects").resolve()),
+                         report=str(report), source_digest=source_digest(spec),
+                         toolkit=(nvcc.stdout.strip().splitlines() or [tk.version])[-1], torch=torch,
+                         shard=shard[0] if shard else 0, shards=shard[1] if shard else 0,
+                         patterns=dict(spec.recipe.build.unit_cost), recorded=shards.load_recorded(costs))
+    ctx_file = build_dir / "shard-context.json"
+    ctx.write(ctx_file)
+    shim_dir = shards.install_shim(build_dir / "shim").parent
+    return {**env, "PATH": f"{shim_dir}{os.pathsep}{env.get('PATH', '')}", shards.ENV_CONTEXT: str(ctx_file)}
 
 
 def report_dict(r: BuildReport) -> dict[str, Any]:

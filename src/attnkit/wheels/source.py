@@ -1,0 +1,74 @@
+"""Pipeline stage 1, the source: the pinned sdist fetched once (sha256-checked) and unpacked into a build tree
+that is kept between runs, so builds resume; and the digest that names the tree in compiled objects' keys."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tarfile
+from pathlib import Path
+
+from attnkit._progress import download
+from attnkit.errors import AttnkitError
+from attnkit.wheels.recipe import BuildSpec
+
+IGNORED = ("build", "dist", "*.egg-info", "__pycache__")  # build outputs, never part of a source tree
+
+
+def fetch_sdist(url: str, sha256: str, cache: Path) -> Path:
+    """Download once into the cache; a file whose sha256 differs from matrix.yaml's is refused."""
+    dest = cache / "sdists" / url.rsplit("/", 1)[-1]
+    if dest.is_file() and hashlib.sha256(dest.read_bytes()).hexdigest() == sha256:
+        return dest
+    got_path = download(url, dest.with_name(dest.name + ".new"), f"sdist {dest.name}")
+    got = hashlib.sha256(got_path.read_bytes()).hexdigest()
+    if got != sha256:
+        got_path.unlink(missing_ok=True)
+        raise AttnkitError(f"sdist: {url} has sha256 {got}, matrix.yaml says {sha256}")
+    got_path.replace(dest)
+    return dest
+
+def prepare_source(spec: BuildSpec, build_dir: Path, cache: Path) -> Path:
+    """The source tree to build in. Kept between runs (with its build/ objects) so builds resume."""
+    src = build_dir / "src"
+    if spec.local_source is not None:
+        # copy2 keeps the sources' mtimes, so ninja still sees earlier objects as up to date
+        shutil.copytree(spec.local_source, src, dirs_exist_ok=True, copy_function=shutil.copy2,
+                        ignore=shutil.ignore_patterns(*IGNORED))
+        return src
+    assert spec.sdist_url and spec.sdist_sha256
+    marker = build_dir / ".sdist-sha256"
+    if src.is_dir() and marker.is_file() and marker.read_text().strip() == spec.sdist_sha256:
+        return src
+    archive = fetch_sdist(spec.sdist_url, spec.sdist_sha256, cache)
+    tmp = build_dir / "src.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp, filter="data")
+    tops = [p for p in tmp.iterdir() if p.is_dir()]
+    if len(tops) != 1:
+        raise AttnkitError(f"sdist: {archive.name} does not unpack to one folder")
+    shutil.rmtree(src, ignore_errors=True)
+    tops[0].replace(src)
+    shutil.rmtree(tmp, ignore_errors=True)
+    marker.write_text(spec.sdist_sha256 + "\n")
+    return src
+
+
+def source_digest(spec: BuildSpec) -> str:
+    """What the source tree is: the sdist's sha256 (it covers every header), or for a local source the hash
+    of every file's path and bytes (build outputs left out). Part of every object key (wheels/shards.py)."""
+    import fnmatch
+
+    if spec.sdist_sha256:
+        return spec.sdist_sha256
+    assert spec.local_source is not None
+    root = spec.local_source
+    h = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = path.relative_to(root)
+        if any(fnmatch.fnmatch(part, pat) for part in rel.parts for pat in IGNORED):
+            continue
+        h.update(str(rel).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()

@@ -1,0 +1,299 @@
+"""The ways into attention() that users take without calling it by hand: torch.compile (fullgraph, dynamic
+shapes, backward), torch.jit.trace / both ONNX exporters checked against onnxruntime, and Hugging Face
+transformers' attn_implementation="attnkit" against its own "sdpa" and against each sequence run alone."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from attnkit.runtime.attention import attention  # noqa: E402
+from attnkit.runtime.backends import REGISTRY, reasons  # noqa: E402
+from attnkit.runtime.call import Inputs  # noqa: E402
+
+
+def _qkv(b: int, sq: int, sk: int, h: int, hk: int, d: int, seed: int = 0) -> list:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, s, n, d, generator=g, requires_grad=True) for s, n in ((sq, h), (sk, hk), (sk, hk))]
+
+
+def _fwd_bwd(f, q, k, v):
+    for t in (q, k, v):
+        t.grad = None
+    out = f(q, k, v)
+    out.square().sum().backward()
+    return out.detach(), [t.grad.clone() for t in (q, k, v)]
+
+
+def _run_python(code: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# --- torch.compile -------------------------------------------------------------------------------------------
+
+def test_fresh_process_compiles_with_zero_graph_breaks():
+    """No eager call first: the model is explained, then compiled with fullgraph=True, forward and backward.
+    torch._dynamo is not imported by attnkit itself (its import costs seconds)."""
+    got = _run_python("""
+        import json, sys, warnings
+        warnings.filterwarnings("ignore")
+        import torch
+        import attnkit.runtime.attention as A
+        dynamo_loaded = "torch._dynamo" in sys.modules
+
+        class Block(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.qkv, self.o = torch.nn.Linear(64, 128), torch.nn.Linear(64, 64)
+            def forward(self, x):
+                b, n, _ = x.shape
+                q, k, v = self.qkv(x).split([64, 32, 32], -1)
+                y = A.attention(q.view(b, n, 4, 16), k.view(b, n, 2, 16), v.view(b, n, 2, 16), causal=True)
+                return self.o(y.reshape(b, n, 64))
+
+        m, x = Block(), torch.randn(2, 24, 64)
+        ex = torch._dynamo.explain(m)(x)
+        torch._dynamo.reset()
+        out = torch.compile(m, fullgraph=True, backend="aot_eager")(x)
+        out.sum().backward()
+        print(json.dumps({"breaks": ex.graph_break_count, "graphs": ex.graph_count, "dynamo_at_import": dynamo_loaded,
+                          "grad": m.qkv.weight.grad is not None}))
+    """)
+    assert got == {"breaks": 0, "graphs": 1, "dynamo_at_import": False, "grad": True}
+
+
+CASES = {
+    "causal": dict(causal=True),
+    "causal fewer queries (bottom-right)": dict(causal=True, sq=8),
+    "not causal": dict(causal=False),
+    "sliding window": dict(causal=True, window=(3, -1)),
+    "two-sided window": dict(causal=False, window=(2, 2)),
+    "softcap": dict(causal=True, softcap=5.0),
+    "scale": dict(causal=True, softmax_scale=0.3),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_compiled_fullgraph_matches_eager(case):
+    kw = dict(CASES[case])
+    sq = kw.pop("sq", 16)
+    q, k, v = _qkv(2, sq, 16, 4, 2, 32)
+
+    def f(q, k, v):
+        return attention(q, k, v, **kw)
+
+    torch._dynamo.reset()
+    out, grads = _fwd_bwd(torch.compile(f, fullgraph=True, backend="aot_eager"), q, k, v)
+    ref, ref_grads = _fwd_bwd(f, q, k, v)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+
+
+def test_inductor_compiles_the_kernel_into_one_graph_for_every_length():
+    """Sequence length marked dynamic: one graph for three lengths, forward and backward, with torch's SDPA
+    kernel op itself in the forward and backward graphs (not a Python fallback)."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    codes: list[str] = []
+
+    def keep(gm, _):
+        codes.append(gm.code)
+        return gm
+
+    def f(q, k, v):
+        return attention(q, k, v, causal=True)
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    recorded = torch.compile(f, fullgraph=True, backend=aot_autograd(fw_compiler=keep, bw_compiler=keep))
+    inductor = torch.compile(f, fullgraph=True, dynamic=True)
+    for s in (16, 24, 40):
+        q, k, v = _qkv(2, s, s, 4, 2, 32, seed=s)
+        for t in (q, k, v):
+            torch._dynamo.mark_dynamic(t, 1)
+        ref, ref_grads = _fwd_bwd(f, q, k, v)
+        for compiled in (recorded, inductor):
+            out, grads = _fwd_bwd(compiled, q, k, v)
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+            for g, r in zip(grads, ref_grads, strict=True):
+                torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+    assert len(codes) == 2, f"expected one forward and one backward graph for 3 lengths, got {len(codes)}"
+    ops = [set(re.findall(r"aten\.(\w+)", c)) for c in codes]
+    assert any(o.startswith("_scaled_dot_product") and not o.endswith("backward") for o in ops[0]), ops[0]
+    assert any(o.startswith("_scaled_dot_product") and o.endswith("backward") for o in ops[1]), ops[1]
+
+
+def test_compile_backend_eager_runs_the_eager_path():
+    q, k, v = _qkv(1, 12, 12, 2, 2, 16)
+    torch._dynamo.reset()
+    out = torch.compile(lambda q, k, v: attention(q, k, v, causal=True), backend="eager", fullgraph=True)(q, k, v)
+    torch.testing.assert_close(out, attention(q, k, v, causal=True))
+
+
+def test_backends_a_graph_cannot_record_are_ruled_out_with_a_reason():
+    q, k, v = (t.detach() for t in _qkv(1, 8, 8, 2, 2, 64))
+    for trace, words in (("compile", "torch.compile"), ("jit", "torch.jit.trace")):
+        call = Inputs(q.half(), k.half(), v.half()).describe(trace)
+        why = reasons(REGISTRY["flash_attn4"].limits, call.__class__(**{**call.__dict__, "device": "cuda"}), (9, 0))
+        assert any(f"cannot be recorded by {words}" in r for r in why), why
+        assert not any("recorded" in r for r in reasons(REGISTRY["sdpa"].limits, call, None))
+    call = Inputs(q[0], k[0], v[0], cu_seqlens_q=torch.tensor([0, 8], dtype=torch.int32),
+                  cu_seqlens_k=torch.tensor([0, 8], dtype=torch.int32), max_seqlen_q=8, max_seqlen_k=8).describe("compile")
+    assert call.lengths_q is None  # never read on the host while tracing
+    assert any("host" in r for r in reasons(REGISTRY["sdpa"].limits, call, None))
+
+
+# --- ONNX: both exporters, checked by onnxruntime ------------------------------------------------------------
+
+class _Attn(torch.nn.Module):
+    def __init__(self, heads: int, kv_heads: int, d: int = 16, width: int = 64):
+        super().__init__()
+        self.h, self.hk, self.d = heads, kv_heads, d
+        self.qkv = torch.nn.Linear(width, (heads + 2 * kv_heads) * d)
+        self.o = torch.nn.Linear(heads * d, width)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).split([self.h * self.d, self.hk * self.d, self.hk * self.d], -1)
+        y = attention(q.view(b, n, self.h, self.d), k.view(b, n, self.hk, self.d), v.view(b, n, self.hk, self.d),
+                      causal=True)
+        return self.o(y.reshape(b, n, -1))
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript-exporter", "dynamo-exporter"])
+@pytest.mark.parametrize("kv_heads", [4, 2, 1], ids=["MHA", "GQA", "MQA"])
+def test_onnx_export_matches_onnxruntime(tmp_path, dynamo, kv_heads):
+    ort = pytest.importorskip("onnxruntime")
+    torch.manual_seed(kv_heads)
+    model, x = _Attn(4, kv_heads).eval(), torch.randn(2, 12, 64)
+    with torch.no_grad():
+        ref = model(x).numpy()
+    path = tmp_path / "m.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (x,), str(path), dynamo=dynamo, input_names=["x"], output_names=["y"])
+    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]
+    assert abs(got - ref).max() < 1e-5
+
+
+# --- Hugging Face transformers ------------------------------------------------------------------------------
+
+def _tiny(arch: str, **extra):
+    transformers = pytest.importorskip("transformers")
+    import attnkit.integrations.transformers  # noqa: F401  (registers "attnkit")
+
+    common = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, **extra)
+    config = getattr(transformers, f"{arch}Config")(**common)
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="attnkit").float()
+
+
+def _logits_and_grads(model, impl: str, **inputs):
+    model.set_attn_implementation(impl)
+    model.zero_grad()
+    logits = model(**inputs).logits
+    keep = inputs.get("attention_mask")
+    if keep is not None:
+        logits = logits * keep[..., None]  # padded positions are not defined the same way by every kernel
+    logits.square().mean().backward()
+    return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("arch", ["Llama", "Qwen2"])
+@pytest.mark.parametrize("padded", [False, True], ids=["full", "padded"])
+def test_hf_model_same_logits_and_grads_as_sdpa(arch, padded):
+    model = _tiny(arch)
+    assert model.config._attn_implementation == "attnkit"
+    ids = torch.randint(0, 128, (3, 20), generator=torch.Generator().manual_seed(1))
+    inputs: dict = {"input_ids": ids}
+    if padded:
+        mask = torch.ones(3, 20, dtype=torch.long)
+        mask[1, :5] = 0  # left padding
+        mask[2, 14:] = 0  # right padding
+        inputs["attention_mask"] = mask
+    ours, our_grads = _logits_and_grads(model, "attnkit", **inputs)
+    ref, ref_grads = _logits_and_grads(model, "sdpa", **inputs)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+    for name, g in ref_grads.items():
+        torch.testing.assert_close(our_grads[name], g, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_hf_packed_sequences_equal_each_sequence_alone():
+    """Packed into one row: restarting position ids, or DataCollatorWithFlattening's cu_seq_lens_* kwargs.
+    The oracle is every sequence run on its own."""
+    model = _tiny("Llama").eval()
+    lengths = (7, 9, 4)
+    ids = torch.randint(0, 128, (1, sum(lengths)), generator=torch.Generator().manual_seed(2))
+    positions = torch.cat([torch.arange(n) for n in lengths])[None]
+    cu = torch.tensor([0, 7, 16, 20], dtype=torch.int32)
+    with torch.no_grad():
+        alone = torch.cat([model(input_ids=part).logits for part in ids.split(lengths, dim=1)], dim=1)
+        by_positions = model(input_ids=ids, position_ids=positions).logits
+        by_kwargs = model(input_ids=ids, position_ids=positions, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+                          max_length_q=9, max_length_k=9).logits
+    torch.testing.assert_close(by_positions, alone, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(by_kwargs, alone, rtol=1e-5, atol=1e-5)
+
+
+def test_hf_sliding_window_and_softcap_match_eager():
+    """Qwen2 with a sliding window shorter than the sequence; Gemma2-style logit softcapping (not in SDPA:
+    HF's 'eager' is the reference)."""
+    model = _tiny("Qwen2", use_sliding_window=True, sliding_window=5, max_window_layers=0)
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(3))
+    ours, _ = _logits_and_grads(model, "attnkit", input_ids=ids)
+    ref, _ = _logits_and_grads(model, "sdpa", input_ids=ids)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+    gemma = _tiny("Gemma2", head_dim=16, attn_logit_softcapping=20.0, sliding_window=6, query_pre_attn_scalar=16)
+    ours, _ = _logits_and_grads(gemma, "attnkit", input_ids=ids)
+    ref, _ = _logits_and_grads(gemma, "eager", input_ids=ids)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_hf_compiled_model_has_no_graph_breaks_and_matches():
+    model = _tiny("Llama")
+    ids = torch.randint(0, 128, (2, 20), generator=torch.Generator().manual_seed(4))
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(input_ids=ids)
+    assert explained.graph_break_count == 0, [str(b.reason) for b in explained.break_reasons]
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(input_ids=ids).logits, model(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_hf_refuses_what_it_cannot_serve_in_one_line():
+    from attnkit.integrations.transformers import UnsupportedCall, attention_forward
+
+    q = torch.randn(1, 2, 4, 8)
+    mask4d = torch.ones(1, 1, 4, 4, dtype=torch.bool)
+    with pytest.raises(UnsupportedCall, match=r"^attn_implementation='attnkit' does not support a 4D attention mask"):
+        attention_forward(torch.nn.Module(), q, q, q, mask4d)
+    with pytest.raises(UnsupportedCall, match="attention sinks"):
+        attention_forward(torch.nn.Module(), q, q, q, None, s_aux=torch.zeros(2))
+
+
+def test_hf_from_pretrained_with_attnkit(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    _tiny("Llama").save_pretrained(tmp_path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="attnkit")
+    assert model.config._attn_implementation == "attnkit"
+
+
+def test_import_attnkit_does_not_import_transformers():
+    got = _run_python("""
+        import json, sys
+        import attnkit, attnkit.runtime.attention
+        print(json.dumps({"transformers": "transformers" in sys.modules}))
+    """)
+    assert got == {"transformers": False}
