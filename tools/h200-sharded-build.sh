@@ -11,25 +11,24 @@ N=${SHARDS:-2}
 CELL=torch2.11-cu130-py312
 W=/root/fa
 mkdir -p "$W" "${OUT:-/tmp/out}"
-export PYTHONPATH=/root/site:$PWD/src PATH=/root/site/bin:$PATH ATTNKIT_CACHE_DIR=$PWD/.carry14/cache PYTHONUNBUFFERED=1
+# attnkit and the sdist are copied out of the checkout: a background shard outlives the call that started it
+export PYTHONPATH=/root/site:$W/src PATH=/root/site/bin:$PATH ATTNKIT_CACHE_DIR=$W/cache PYTHONUNBUFFERED=1
 common=(--package flash-attn --cell "$CELL" --python python3 --toolkit auto --archs 90)
 case "${1:-}" in
   setup)
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /root/site .carry14/wheels/*.whl || exit 1
-    cp -r .carry14/cache "$W/cache" && export ATTNKIT_CACHE_DIR=$W/cache
+    rm -rf "$W/src" "$W/cache" && cp -r src "$W/src" && cp -r .carry14/cache "$W/cache"
     nproc; free -g | head -2; nvcc --version | tail -1
     python3 -m attnkit.cli wheels plan "${common[@]}" --build-dir "$W/plan" --shards "$N" --json > "$W/plan.json" 2> "$W/plan.log"
     echo "plan rc=$? $(python3 -c "import json; d=json.load(open('$W/plan.json')); print(d['units'], 'units', [len(s['units']) for s in d['plan']])")"
     ;;
   shard)
-    export ATTNKIT_CACHE_DIR=$W/cache
     t0=$(date +%s)
     python3 -m attnkit.cli wheels build "${common[@]}" --build-dir "$W/shard$2" --shard "$2/$N" --objects "$W/objects" \
       --out "$W/house" --report "$W/shard$2.json" > "$W/shard$2.log" 2>&1
     echo "shard $2 rc=$? in $(( $(date +%s) - t0 )) s" | tee "$W/shard$2.done"
     ;;
   link)
-    export ATTNKIT_CACHE_DIR=$W/cache
     t0=$(date +%s)
     python3 -m attnkit.cli wheels build "${common[@]}" --build-dir "$W/link" --link-only --objects "$W/objects" \
       --out "$W/house" --report "$W/link.json" > "$W/link.log" 2>&1
