@@ -38,7 +38,7 @@ GITHUB_SCHEMA = {
     "type": "object", "required": ["include"], "additionalProperties": False,
     "properties": {"include": {"type": "array", "minItems": 1, "maxItems": 256, "items": {
         "type": "object", "required": ["cell", "torch", "cuda", "python"],
-        "additionalProperties": {"type": ["string", "boolean"]}}}},
+        "additionalProperties": {"type": ["string", "boolean", "integer"]}}}},
 }
 BAKE_SCHEMA = {
     "type": "object", "required": ["target", "group"],
@@ -179,3 +179,15 @@ def test_readme_update_is_atomic_and_checkable(tmp_path, capsys):
     r.write_text("no markers\n")
     assert main(["readme", "--readme", str(r)]) == 1
     assert "markers" in capsys.readouterr().err
+
+
+def test_github_shard_jobs_per_wheel(capsys, matrix):
+    """--shards: each wheel's job becomes `shards` compile jobs, 1/N .. N/N, with the wheel's fields."""
+    wheels = run_json(capsys, "--format", "github", "--package", "flash-attn")["include"]
+    shards = run_json(capsys, "--format", "github", "--package", "flash-attn", "--shards")
+    n = matrix.packages["flash-attn"].shards
+    assert len(shards["include"]) == n * len(wheels)
+    first = [e for e in shards["include"] if e["wheel"] == wheels[0]["wheel"]]
+    jsonschema.validate({"include": first}, GITHUB_SCHEMA)  # wheel-sharded.yml's matrix: one wheel's shards
+    assert [e["shard"] for e in first] == [f"{i}/{n}" for i in range(1, n + 1)]
+    assert all({k: v for k, v in e.items() if k != "shard"} == wheels[0] for e in first)

@@ -23,19 +23,6 @@ pytestmark = pytest.mark.e2e
 KERNELS = 12  # synthetic extension: 12 .cu units + one .cpp registering an op that launches them all
 
 
-@pytest.fixture(scope="module")
-def py() -> str:
-    p = os.environ.get("ATTNKIT_E2E_PYTHON")
-    if not p:
-        pytest.fail("ATTNKIT_E2E_PYTHON is not set: run `nox -s e2e` (it provides a CUDA torch environment)")
-    return p
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("cache")
-
-
 def synthetic_extension(root: Path, kernels: int = KERNELS) -> Path:
     """An extension of `kernels` CUDA units (each adds its own constant) and one op that runs them all:
     attnkit_synth::add_all(x) = x + sum(1..kernels) on CPU and CUDA. Returns its recipe."""

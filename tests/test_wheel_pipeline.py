@@ -27,19 +27,6 @@ CELL = "torch2.14-cu130-py311"  # matches nox -s e2e's torch==2.14.1 (CUDA 13.0)
 WHEEL = "attnkit_tinyext-0.1.0+cu13torch2.14cxx11abiTRUE-cp311-cp311-linux_x86_64.whl"
 
 
-@pytest.fixture(scope="module")
-def py() -> str:
-    p = os.environ.get("ATTNKIT_E2E_PYTHON")
-    if not p:
-        pytest.fail("ATTNKIT_E2E_PYTHON is not set: run `nox -s e2e` (it provides a CUDA torch environment)")
-    return p
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("cache")
-
-
 def attnkit(py: str, cache: Path, *args: str, check: bool = True, **kw) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, ATTNKIT_CACHE_DIR=str(cache))
     env.pop("CUDA_HOME", None)
