@@ -240,11 +240,13 @@ def _store_get(store: Path, key: str, dest: Path) -> bool:
 
 def shim_main(argv: list[str]) -> int:
     ctx_path = os.environ.get(ENV_CONTEXT)
-    building = not any(a in ("--version", "-t", "-n") or a.startswith("--version") for a in argv)
-    if not ctx_path or not building:
-        real = json.loads(Path(ctx_path).read_text())["real_ninja"] if ctx_path else "ninja"
-        return subprocess.run([real, *argv]).returncode
+    if not ctx_path:  # "ninja" on PATH would be this shim again: never guess
+        print(f"attnkit ninja shim: ${ENV_CONTEXT} is not set (run builds through `attnkit wheels build`)",
+              file=sys.stderr)
+        return 2
     ctx = Context(**json.loads(Path(ctx_path).read_text(encoding="utf-8")))
+    if any(a in ("--version", "-t", "-n") for a in argv):  # a query, not a build: the real ninja answers
+        return subprocess.run([ctx.real_ninja, *argv]).returncode
     cwd = Path.cwd()
     units = read_units(ctx.real_ninja, cwd, ctx)
     store = Path(ctx.store)
