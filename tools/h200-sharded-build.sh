@@ -35,8 +35,18 @@ for i in range(1, n + 1):
               "log_tail": (w / f"shard{i}.log").read_text()[-1500:] if (w / f"shard{i}.log").exists() else None}
 print(json.dumps(out, indent=1))
 PY
+  ps -eo etimes=,args= | awk '/cicc|nvcc|ptxas/ && !/awk/ { for (i = 2; i <= NF; i++) if ($i ~ /\.cu$/) {
+    n = split($i, p, "/"); print "running", p[n], $1 "s"; break } }' | sort -u -k2,2 > "$W/running.status"
+  python3 - "$W" > "$OUT/ninja_logs.json" <<'PY'
+import json, pathlib, sys
+w, out = pathlib.Path(sys.argv[1]), {}
+for log in sorted(w.glob("shard*/**/.ninja_log")):
+    rows = [ln.split("\t") for ln in log.read_text().splitlines() if ln[:1].isdigit()]
+    out[str(log)] = {r[3]: (int(r[1]) - int(r[0])) / 1000 for r in rows if len(r) >= 4}
+print(json.dumps(out, indent=1))
+PY
   tail -c 3000 "$W/link.log" > "$OUT/link.log.tail" 2>/dev/null
-  tail -c 3000 "$W/archs.log" > "$OUT/archs.log.tail" 2>/dev/null
+  cat "$W/archs.log" >> "$W/archs.status" 2>/dev/null
   cat "$W"/*.status > "$OUT/status.txt" 2>/dev/null
 }
 
@@ -55,14 +65,14 @@ case "${1:-}" in
     done
     spare="$(( N * CORES ))-$(( $(nproc) - 1 ))"
     [ $(( N * CORES )) -lt "$(nproc)" ] || spare="0-$(( $(nproc) - 1 ))"
-    echo "shards on CPUs 0-$(( N * CORES - 1 )) ($CORES each), plan and the 4-arch unit on $spare"
-    taskset -c "$spare" "$PY" -m attnkit.cli wheels plan "${common[@]}" --build-dir "$W/plan" --shards "$N" --json \
-      > "$W/plan.json" 2> "$W/plan.log"
-    echo "plan rc=$? $(python3 -c "import json; d=json.load(open('$W/plan.json')); print(d['units'], 'units', [len(s['units']) for s in d['plan']])")"
     setsid taskset -c "$spare" bash "$W/run.sh" archs < /dev/null > "$W/archs.log" 2>&1 &
+    echo "shards on CPUs 0-$(( N * CORES - 1 )) ($CORES each), plan and the 4-arch unit on $spare"
+    [ -n "${NO_PLAN:-}" ] || { taskset -c "$spare" "$PY" -m attnkit.cli wheels plan "${common[@]}" --build-dir "$W/plan" \
+      --shards "$N" --json > "$W/plan.json" 2> "$W/plan.log"
+    echo "plan rc=$? $(python3 -c "import json; d=json.load(open('$W/plan.json')); print(d['units'], 'units', [len(s['units']) for s in d['plan']])")"; }
     t0=$(date +%s)
     while [ $(( $(date +%s) - t0 )) -lt "${WAIT_S:-480}" ] && [ "$(ls "$W"/shard*.done 2>/dev/null | wc -l)" -lt "$N" ]; do
-      progress; sleep 30
+      progress; sleep 15
     done
     progress; collect
     ;;
@@ -93,7 +103,7 @@ PY
     echo "shard $2/$N rc=$? in $(( $(date +%s) - t0 )) s on $(nproc) CPUs ($(taskset -pc $$ | cut -d: -f2 | tr -d ' '))" > "$W/shard$2.done"
     ;;
   archs)  # the probe unit's own compile command: sm_90 alone, then 80;90;100;120 with --threads 4
-    tree=$(python3 -c "import json; print(json.load(open('$W/plan/shard-report.json'))['build_tree'])")
+    until tree=$(dirname "$(find "$W/shard1" -name build.ninja 2>/dev/null | head -1)") && [ "$tree" != . ]; do sleep 5; done
     PATH=$PATH:/usr/local/cuda/bin python3 "$W/unit_archs.py" "$tree" "$probe_unit" "$W/archs.json"
     echo "archs rc=$?" > "$W/archs.status"
     ;;
