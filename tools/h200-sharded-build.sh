@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Issue 14's H200 run: flash-attn for the reference cell at --archs 90, built as N shards, each in a build tree of
 # its own and pinned (taskset) to a CPU set of its own, as N runners would, into one object store; then the
-# link job. A device call lasts <= 10 min and one flash-attn backward unit alone takes ~10 min, so shards run
-# side by side in the background (setsid) and the calls poll. Two calls, back to back on the 64-core kind:
+# link job (in `start` itself when the shards end within WAIT_S). A device call lasts <= 10 min and the machine
+# is handed back 30 s after a call ends, so shards run side by side in the background (setsid) and a second
+# call must follow at once. Measured 2026-11-30 on the 32-core kind, 4 shards x 7 CPUs: 46 of 73 units done
+# after 9 min (units take 53-393 s each under that load). On the 64-core kind use SHARDS=4 CORES=15:
 #   SHARDS=4 CORES=15 bash tools/h200-sharded-build.sh start    # deps, N shards in the background, the plan,
 #                                                                # one unit at 4 archs on the spare CPUs
 #   bash tools/h200-sharded-build.sh finish                       # wait for the shards, link, verify, GPU check
@@ -50,6 +52,20 @@ PY
   cat "$W"/*.status > "$OUT/status.txt" 2>/dev/null
 }
 
+link_and_check() {
+  t1=$(date +%s)
+  "$PY" -m attnkit.cli wheels build "${common[@]}" --build-dir "$W/link" --link-only --objects "$W/objects" \
+    --jobs "$(nproc)" --out "$W/house" --report "$W/link.json" > "$W/link.log" 2>&1
+  echo "link rc=$? in $(( $(date +%s) - t1 )) s" | tee "$W/link.status"
+  rm -rf /root/fa-site && python3 -m pip install -q --no-deps --no-index --target /root/fa-site "$W"/house/*.whl && PYTHONPATH=/root/fa-site python3 - <<'PY' | tee "$W/import.txt"
+import torch, flash_attn, torch.nn.functional as F
+q, k, v = (torch.randn(2, 1024, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+out = flash_attn.flash_attn_func(q, k, v, causal=True)
+ref = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=True).transpose(1, 2)
+print("flash_attn", flash_attn.__version__, flash_attn.__file__, "max|fa-sdpa|", float((out - ref).abs().max()))
+PY
+}
+
 progress() { echo "$(date +%T) objects in store: $(ls "$W/objects" 2>/dev/null | grep -c '\.o$'); done: $(ls "$W"/shard*.done 2>/dev/null | wc -l)/$N; load $(cut -d' ' -f1 /proc/loadavg); mem used $(free -g | awk '/Mem/{print $3}') GiB"; }
 
 case "${1:-}" in
@@ -74,7 +90,9 @@ case "${1:-}" in
     while [ $(( $(date +%s) - t0 )) -lt "${WAIT_S:-480}" ] && [ "$(ls "$W"/shard*.done 2>/dev/null | wc -l)" -lt "$N" ]; do
       progress; sleep 15
     done
-    progress; collect
+    progress
+    [ "$(ls "$W"/shard*.done 2>/dev/null | wc -l)" -lt "$N" ] || link_and_check
+    collect
     ;;
   finish)
     t0=$(date +%s)
@@ -83,17 +101,7 @@ case "${1:-}" in
       progress; sleep 15
     done
     cat "$W"/shard*.done
-    t1=$(date +%s)
-    "$PY" -m attnkit.cli wheels build "${common[@]}" --build-dir "$W/link" --link-only --objects "$W/objects" \
-      --jobs "$(nproc)" --out "$W/house" --report "$W/link.json" > "$W/link.log" 2>&1
-    echo "link rc=$? in $(( $(date +%s) - t1 )) s" | tee "$W/link.status"
-    rm -rf /root/fa-site && python3 -m pip install -q --no-deps --no-index --target /root/fa-site "$W"/house/*.whl && PYTHONPATH=/root/fa-site python3 - <<'PY' | tee "$W/import.txt"
-import torch, flash_attn, torch.nn.functional as F
-q, k, v = (torch.randn(2, 1024, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-out = flash_attn.flash_attn_func(q, k, v, causal=True)
-ref = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=True).transpose(1, 2)
-print("flash_attn", flash_attn.__version__, flash_attn.__file__, "max|fa-sdpa|", float((out - ref).abs().max()))
-PY
+    link_and_check
     collect
     ;;
   shard)  # one shard, on the CPUs it was pinned to
