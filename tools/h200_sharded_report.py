@@ -141,7 +141,8 @@ def main() -> None:
                       "a shard's complete compile time", "the 4-arch scaling of one unit"],
         "why": ("device budget: 30 min per session, 10 min per call, and the machine is handed back 30 s after a "
                 "call ends. Call 1 (8 min) ran the same 4 shards; the machine was handed back before call 2 "
-                "started, so its work was lost; call 3 is this run (9 min); 110 s of budget were left after it"),
+                "started, so its work was lost and call 2 (8 min) polled a fresh machine; call 3 is this run "
+                "(9 min); 110 s of budget were left after it"),
         "earlier_attempts": {k: earlier[k] for k in ("status", "machine", "observed")} if "observed" in earlier
         else earlier.get("earlier_attempts"),
         "shown_on_dev_machine": earlier.get("what_is_shown_instead") or earlier.get("shown_on_dev_machine"),
