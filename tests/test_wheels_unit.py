@@ -382,8 +382,15 @@ def test_shards_balance_by_cost_not_count():
     assert loads == [8.0, 8.0] and sorted(len(s) for s in shards) == [5, 5]
     by_count_worst = split(_units(costs), 3, {}, {})  # no costs: every unit 1, 10 units over 3 shards
     assert [len(s) for s in by_count_worst] == [4, 3, 3]
-    recorded = split(_units(costs), 2, patterns, {"fwd_0.cu": 9.0})  # a measurement beats the pattern
-    assert recorded[0][0][0].source == "fwd_0.cu" and [sum(c for _, c in s) for s in recorded] == [12.0, 12.0]
+    recorded = split(_units(costs), 2, patterns, {"fwd_0.cu": 30.0})  # a measurement beats the pattern
+    assert {u.source: c for s in recorded for u, c in s}["fwd_0.cu"] == 30.0
+    # a record of some units (seconds) puts the others' pattern costs on its scale (median s per cost unit),
+    # instead of weighing 400 s of backward against a bare 1
+    partial = split(_units(costs), 2, patterns, {"bwd_a.cu": 400.0, "fwd_0.cu": 100.0})
+    assert {u.source: c for s in partial for u, c in s}["bwd_b.cu"] == 400.0
+    assert [sum(c for _, c in s) for s in partial] == [800.0, 800.0]
+    from attnkit.wheels.shards import plan_summary
+    assert plan_summary(_units(costs), 2, patterns, {"bwd_a.cu": 400.0})["cost_from"] == ["default", "pattern", "recorded"]
     assert split(_units(costs), 2, patterns, {}) == split(list(reversed(_units(costs))), 2, patterns, {})
 
 
@@ -409,9 +416,14 @@ def test_shard_argument_and_cost_record(tmp_path):
     rec = tmp_path / "shard.json"
     rec.write_text(json.dumps({"shard": 1, "unit_seconds": {"a.cu": 12.5}}))
     assert load_recorded(rec) == {"a.cu": 12.5}
-    rec.write_text("[1, 2]")
-    with pytest.raises(AttnkitError, match=r"^--costs .*: expected \{source: seconds\}"):
-        load_recorded(rec)
+    build_report = tmp_path / "build.json"  # `wheels build --shard --report`: the shard's report nested
+    build_report.write_text(json.dumps({"package": "p", "shard": {"unit_seconds": {"a.cu": 20.0, "b.cu": 3.0}}}))
+    assert load_recorded([rec, build_report]) == {"a.cu": 20.0, "b.cu": 3.0}  # merged, the later file wins
+    assert load_recorded([build_report, rec]) == {"a.cu": 12.5, "b.cu": 3.0}
+    for bad in ("[1, 2]", '{"a.cu": 0}', '{"a.cu": "fast"}'):
+        rec.write_text(bad)
+        with pytest.raises(AttnkitError, match=r"^--costs .*: expected \{source: seconds > 0\}"):
+            load_recorded(rec)
 
 
 def test_projected_wall_time():

@@ -171,3 +171,33 @@ def test_sharded_wheel_build_fans_out_and_joins_per_wheel(capsys):
     assert n > 1 and [e["shard"] for e in entries] == [f"{i}/{n}" for i in range(1, n + 1)]
     assert main(["ci-plan"]) == 0
     assert "compile shard jobs" in capsys.readouterr().out
+
+
+def test_container_jobs_use_no_tool_the_image_lacks():
+    """Jobs in the manylinux container (AlmaLinux, no jq in the image: pypa/manylinux's
+    install-runtime-packages.sh) must not call jq; the shard export is a Python script instead."""
+    for wf in WORKFLOWS:
+        for name, job in (yaml.safe_load(wf.read_text()).get("jobs") or {}).items():
+            if "manylinux" not in str(job.get("container", "")):
+                continue
+            runs = "\n".join(s.get("run", "") for s in job.get("steps", []))
+            assert not re.search(r"(^|[|;&\s])jq\s", runs), f"{wf.name}: job {name} calls jq in the manylinux image"
+
+
+def test_shard_export_copies_the_shards_own_objects(tmp_path):
+    store, dest = tmp_path / "objects", tmp_path / "store" / "2-of-3"
+    store.mkdir()
+    for key in ("k1", "k2", "other"):
+        (store / f"{key}.o").write_bytes(key.encode())
+    report = tmp_path / "shard.json"
+    report.write_text(json.dumps({"shard": {"shard": 2, "compiled": 1, "restored": 1, "unit_seconds": {"a.cu": 3.0},
+                                            "keys": {"a.cu": "k1", "b.cu": "k2"}}}))
+    r = subprocess.run([sys.executable, str(ROOT / ".github" / "scripts" / "shard-export.py"), str(report),
+                        str(store), str(dest)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.splitlines()[0])["unit_seconds"] == {"a.cu": 3.0}
+    assert sorted(p.name for p in dest.iterdir()) == ["k1.o", "k2.o", "shard.json"]  # not another shard's object
+    (store / "k2.o").unlink()
+    r = subprocess.run([sys.executable, str(ROOT / ".github" / "scripts" / "shard-export.py"), str(report),
+                        str(store), str(tmp_path / "again")], capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.strip() == f"shard-export: 1 of this shard's objects are not in {store}: b.cu"

@@ -133,7 +133,7 @@ def _cmd_wheels_build(a: argparse.Namespace) -> int:
     spec = _spec(a)
     rep = build_wheel(spec, Path(a.out), python=a.python, build_dir=Path(a.build_dir) if a.build_dir else None,
                       toolkit=a.toolkit, jobs=a.jobs, verify=not a.no_verify, shard=shard, link_only=a.link_only,
-                      objects=Path(a.objects) if a.objects else None, costs=Path(a.costs) if a.costs else None)
+                      objects=Path(a.objects) if a.objects else None, costs=[Path(c) for c in a.costs] if a.costs else None)
     doc = json.dumps(report_dict(rep), indent=1)
     if a.report:
         write_atomic(a.report, doc)
@@ -459,8 +459,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--toolkit", default="auto", help="auto (CUDA_HOME, /usr/local/cuda, PATH), pypi, or a path")
         sp.add_argument("--jobs", type=int, help="parallel compile jobs (default: from cores and memory)")
         sp.add_argument("--archs", help="a test build for a subset of the cell's archs, e.g. 90 (wheel marked .sm90)")
-        sp.add_argument("--costs", help="measured seconds per unit (JSON; a shard report's unit_seconds) to balance "
-                                        "shards by")
+        sp.add_argument("--costs", action="append", metavar="FILE",
+                        help="measured seconds per unit to balance shards by: {source: seconds}, or shard "
+                             "reports (repeat it to merge several; a later file wins)")
 
     wb = wsub.add_parser("build", help="build one package for one cell, verify it, put it in --out")
     build_args(wb)

@@ -172,7 +172,7 @@ def _log_tail(path: Path) -> str:
 def build_wheel(spec: BuildSpec, out: Path, *, python: str = sys.executable, build_dir: Path | None = None,
                 toolkit: str = "auto", jobs: int | None = None, verify: bool = True,
                 shard: tuple[int, int] | None = None, link_only: bool = False, plan_only: bool = False,
-                objects: Path | None = None, costs: Path | None = None) -> BuildReport:
+                objects: Path | None = None, costs: list[Path] | None = None) -> BuildReport:
     """Build, accept and report one wheel; or, sharded (wheels/shards.py): `plan_only` lists the compile
     units, `shard=(i, n)` compiles shard i's units into the object store `objects`, `link_only` gathers every
     unit from that store, links, and accepts the wheel exactly as an unsharded build does."""
@@ -234,7 +234,7 @@ def _shim_stopped(path: Path) -> bool:
 
 
 def _sharded_env(mode: str, spec: BuildSpec, src: Path, build_dir: Path, env: dict[str, str], tk: Toolkit,
-                 torch: str, shard: tuple[int, int] | None, objects: Path | None, costs: Path | None,
+                 torch: str, shard: tuple[int, int] | None, objects: Path | None, costs: list[Path] | None,
                  report: Path) -> dict[str, str]:
     """The build environment with attnkit's ninja shim first on PATH and its context written."""
     from attnkit.wheels import shards

@@ -16,9 +16,9 @@ arch gencode list, include paths), the toolkit (nvcc --version) and the torch ve
 never linked: its key differs, so it is simply not found. The store is a flat folder of `<key>.o` files,
 which is what CI caches (actions/cache) and passes from shard jobs to the link job (artifacts).
 
-Shards are balanced by cost, not count: costs come from a measured record (`<unit>: seconds`, from an
-earlier shard's report), else the recipe's `unit_cost` patterns (backward kernels cost several forward
-ones), else 1; units go to the least-loaded shard, largest first (deterministic, so every shard job
+Shards are balanced by cost, not count: costs come from a measured record (`<unit>: seconds`, from earlier
+shard reports), else the recipe's `unit_cost` patterns (relative costs measured per kernel class; scaled to
+seconds when a record covers the other units), else 1; units go to the least-loaded shard, largest first (deterministic, so every shard job
 computes the same split on its own).
 """
 
@@ -72,10 +72,26 @@ def unit_cost(unit: Unit, patterns: Mapping[str, float], recorded: Mapping[str, 
     return 1.0, "default"
 
 
+def unit_costs(units: list[Unit], patterns: Mapping[str, float],
+               recorded: Mapping[str, float]) -> dict[str, tuple[float, str]]:
+    """unit_cost() of every unit, on one scale: where a record covers only some units (a shard that was
+    restored, not compiled, measures nothing), the others' pattern costs are converted to seconds by the
+    median seconds-per-pattern-unit of the recorded ones, so a measured unit is not weighed against a bare 1."""
+    raw = {u.source: unit_cost(u, patterns, recorded) for u in units}
+    if not recorded or all(origin == "recorded" for _, origin in raw.values()):
+        return raw
+    ratios = sorted(recorded[u.source] / unit_cost(u, patterns, {})[0] for u in units if u.source in recorded)
+    if not ratios:
+        return raw
+    scale = ratios[len(ratios) // 2]
+    return {src: (c, o) if o == "recorded" else (c * scale, f"{o} x {scale:g} s") for src, (c, o) in raw.items()}
+
+
 def split(units: list[Unit], n: int, patterns: Mapping[str, float],
           recorded: Mapping[str, float]) -> list[list[tuple[Unit, float]]]:
     """n shards of (unit, cost): largest first onto the least-loaded shard (ties: the lower shard)."""
-    costed = sorted(((u, unit_cost(u, patterns, recorded)[0]) for u in units), key=lambda uc: (-uc[1], uc[0].source))
+    cost = unit_costs(units, patterns, recorded)
+    costed = sorted(((u, cost[u.source][0]) for u in units), key=lambda uc: (-uc[1], uc[0].source))
     shards: list[list[tuple[Unit, float]]] = [[] for _ in range(n)]
     loads = [0.0] * n
     for u, c in costed:
@@ -90,7 +106,7 @@ def plan_summary(units: list[Unit], n: int, patterns: Mapping[str, float],
     """The split as data: per shard its units, estimated cost and share of the total."""
     shards = split(units, n, patterns, recorded)
     total = sum(c for s in shards for _, c in s) or 1.0
-    sources = sorted({unit_cost(u, patterns, recorded)[1].split(" ")[0] for u in units})
+    sources = sorted({origin.split(" ")[0] for _, origin in unit_costs(units, patterns, recorded).values()})
     return {"shards": n, "units": len(units), "cost_total": round(total, 2), "cost_from": sources,
             "plan": [{"shard": i + 1, "units": [u.source for u, _ in s], "cost": round(sum(c for _, c in s), 2),
                       "share": round(sum(c for _, c in s) / total, 3)} for i, s in enumerate(shards)]}
@@ -125,19 +141,26 @@ def project_wall(unit_seconds: Mapping[str, float], shards: int, *, cores: int, 
             "compile_s": round(max(walls), 1), "wall_s": round(max(walls) + overhead_s, 1)}
 
 
-def load_recorded(path: str | Path | None) -> dict[str, float]:
-    """Measured seconds per source: a JSON object {source: seconds}, or a shard report's `unit_seconds`."""
-    if path is None:
+def load_recorded(paths: str | Path | list[str] | list[Path] | None) -> dict[str, float]:
+    """Measured seconds per source, merged over files (a later file wins): each a JSON object {source:
+    seconds}, the shim's shard report, or a `wheels build --shard --report` build report."""
+    if paths is None:
         return {}
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise AttnkitError(f"--costs {path}: cannot read a JSON cost record ({exc})") from None
-    if isinstance(data, dict) and isinstance(data.get("unit_seconds"), dict):
-        data = data["unit_seconds"]
-    if not isinstance(data, dict) or not all(isinstance(v, (int, float)) for v in data.values()):
-        raise AttnkitError(f"--costs {path}: expected {{source: seconds}} or a shard report with unit_seconds")
-    return {str(k): float(v) for k, v in data.items()}
+    merged: dict[str, float] = {}
+    for path in [paths] if isinstance(paths, (str, Path)) else paths:
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise AttnkitError(f"--costs {path}: cannot read a JSON cost record ({exc})") from None
+        if isinstance(data, dict) and isinstance(data.get("shard"), dict):  # a build report
+            data = data["shard"]
+        if isinstance(data, dict) and isinstance(data.get("unit_seconds"), dict):
+            data = data["unit_seconds"]
+        if not isinstance(data, dict) or not all(isinstance(v, (int, float)) and v > 0 for v in data.values()):
+            raise AttnkitError(f"--costs {path}: expected {{source: seconds > 0}}, a shard report or a shard's "
+                               "build report with unit_seconds")
+        merged.update({str(k): float(v) for k, v in data.items()})
+    return merged
 
 
 # -- keys ---------------------------------------------------------------------------------------------------
