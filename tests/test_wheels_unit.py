@@ -420,9 +420,9 @@ def test_shard_argument_and_cost_record(tmp_path):
     build_report.write_text(json.dumps({"package": "p", "shard": {"unit_seconds": {"a.cu": 20.0, "b.cu": 3.0}}}))
     assert load_recorded([rec, build_report]) == {"a.cu": 20.0, "b.cu": 3.0}  # merged, the later file wins
     assert load_recorded([build_report, rec]) == {"a.cu": 12.5, "b.cu": 3.0}
-    for bad in ("[1, 2]", '{"a.cu": 0}', '{"a.cu": "fast"}'):
+    for bad in ("[1, 2]", '{"a.cu": -1}', '{"a.cu": "fast"}'):
         rec.write_text(bad)
-        with pytest.raises(AttnkitError, match=r"^--costs .*: expected \{source: seconds > 0\}"):
+        with pytest.raises(AttnkitError, match=r"^--costs .*: expected \{source: seconds >= 0\}"):
             load_recorded(rec)
 
 

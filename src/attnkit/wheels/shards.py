@@ -18,8 +18,8 @@ which is what CI caches (actions/cache) and passes from shard jobs to the link j
 
 Shards are balanced by cost, not count: costs come from a measured record (`<unit>: seconds`, from earlier
 shard reports), else the recipe's `unit_cost` patterns (relative costs measured per kernel class; scaled to
-seconds when a record covers the other units), else 1; units go to the least-loaded shard, largest first (deterministic, so every shard job
-computes the same split on its own).
+seconds when a record covers the other units), else 1; units go to the least-loaded shard, largest first
+(deterministic, so every shard job computes the same split on its own).
 """
 
 from __future__ import annotations
@@ -156,8 +156,8 @@ def load_recorded(paths: str | Path | list[str] | list[Path] | None) -> dict[str
             data = data["shard"]
         if isinstance(data, dict) and isinstance(data.get("unit_seconds"), dict):
             data = data["unit_seconds"]
-        if not isinstance(data, dict) or not all(isinstance(v, (int, float)) and v > 0 for v in data.values()):
-            raise AttnkitError(f"--costs {path}: expected {{source: seconds > 0}}, a shard report or a shard's "
+        if not isinstance(data, dict) or not all(isinstance(v, (int, float)) and v >= 0 for v in data.values()):
+            raise AttnkitError(f"--costs {path}: expected {{source: seconds >= 0}}, a shard report or a shard's "
                                "build report with unit_seconds")
         merged.update({str(k): float(v) for k, v in data.items()})
     return merged
