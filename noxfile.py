@@ -78,7 +78,8 @@ def e2e(session: nox.Session) -> None:
                     env={"DEBIAN_FRONTEND": "noninteractive"})
     session.install("-e", ".[test]", TORCH_CUDA, *BUILD_DEPS)
     python = str(Path(session.virtualenv.location) / "bin" / "python")
-    session.run("pytest", "-m", "e2e", "-q", "-rA", *session.posargs, env={"ATTNKIT_E2E_PYTHON": python})
+    session.run("pytest", "-m", "e2e", "-q", "-rA", "--durations=12", *session.posargs,
+                env={"ATTNKIT_E2E_PYTHON": python})
 
 
 # what a native build needs next to the cell's torch (the same set the wheels workflow installs)

@@ -56,6 +56,25 @@ def env():
     return m, cell, local_base(m, cell, "runtime")
 
 
+def _image_ids() -> set[str]:
+    out = subprocess.run(["podman", "images", "-a", "-q", "--no-trunc"], capture_output=True, text=True, check=True)
+    return set(out.stdout.split())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _remove_what_we_built(env):
+    """Each run's images (new revision label, new wheelhouse) would leave the last run's as dangling layers, gigabytes
+    a run, until the machine's disk fills (CI runs on the same machine): remove every image this module made, except
+    the debootstrap base, which `env` made or found and later runs reuse."""
+    before = _image_ids()
+    yield
+    new = sorted(_image_ids() - before)
+    if new:
+        subprocess.run(["podman", "rmi", "-f", *new], capture_output=True, check=False)
+    left = _image_ids() & set(new)
+    assert not left, f"podman could not remove {len(left)} image(s) this module built"
+
+
 @pytest.fixture(scope="module")
 def context(tmp_path_factory, env) -> Path:
     _, cell, _ = env

@@ -74,3 +74,31 @@ def test_labels_follow_what_the_wheelhouse_holds(matrix, tmp_path):
         "xformers-0.0.35+cu13torch2.11cxx11abiTRUE.sm90-py39-none-linux_x86_64.whl"], "left_out": ["flash-attn"]}))
     assert wheelhouse_labels(house, cell) == {"FLASH_ATTN_VERSION": "none",
                                               "XFORMERS_VERSION": "0.0.35+cu13torch2.11cxx11abiTRUE.sm90"}
+
+
+def test_a_failed_podman_step_keeps_its_cause_past_the_step_struct():
+    from attnkit.images.build import _explain_failure
+
+    struct = "{Env:[" + " ".join(f"ARG{i}=" + "x" * 40 for i in range(20)) + "] Original:RUN test -n \"${A}\" && {echo; }}"
+    out = ("STEP 5/17: RUN pip install\n"
+           f"Error: committing container for step {struct}: copying layers and metadata for container \"abc\": "
+           "writing blob: io: read/write on closed pipe\n")
+    why = _explain_failure(out)
+    assert len(why) <= 300
+    assert why.startswith("Error: committing container for step {...}")
+    assert why.endswith("io: read/write on closed pipe")
+    long_cause = "Error: step failed: " + "y" * 400 + " because the disk is full"
+    why = _explain_failure(long_cause)
+    assert len(why) <= 300 and why.startswith("Error: step failed") and why.endswith("because the disk is full")
+
+
+def test_a_full_image_store_is_named_with_the_way_out():
+    from attnkit.images.build import _explain_failure
+
+    out = ("Error: committing container for step {Env:[A=1]}: copying layers and metadata for container \"x\": "
+           "writing blob: storing blob to file \"/var/tmp/storage123/1\": write /var/tmp/storage123/1: "
+           "no space left on device\n")
+    why = _explain_failure(out, "podman")
+    assert why.startswith("no space left on device: podman writes layers to ")
+    assert why.endswith("free some with `podman image prune` (dangling images of earlier builds)")
+    assert "docker image prune" in _explain_failure(out, "docker")

@@ -455,3 +455,47 @@ def test_jobs_follow_the_cgroup_memory_limit(tmp_path):
     (v1 / "memory" / "memory.limit_in_bytes").write_text(str(1 << 62))  # v1's "no limit"
     assert sizing.cgroup_available_gib(v1) is None
     assert sizing.cgroup_available_gib(tmp_path / "none") is None
+
+
+def test_source_patches_apply_by_the_cells_torch_and_fail_loudly(matrix, tmp_path):
+    """flash-attn's and xformers' recipes switch their pinned -std=c++17 to C++20 for torch >= 2.14 only; a patch
+    whose text is gone from the source is an error naming the recipe, not a silent no-op."""
+    from attnkit.matrix.expand import find_cell
+    from attnkit.wheels.recipe import resolve as resolve_spec
+    from attnkit.wheels.source import apply_patches
+
+    setup = 'nvcc_flags = ["-O3", "-std=c++17"]\ncxx = ["-O3", "-std=c++17"]\nwin = ["/std:c++17"]\n'
+    for name in ("flash-attn", "xformers"):
+        recipe, path = load_recipe(name)
+        for cell, patched in (("torch2.14-cu132-py312", True), ("torch2.13-cu130-py312", False)):
+            try:
+                spec = resolve_spec(matrix, find_cell(matrix, cell), recipe, path)
+            except AttnkitError as exc:  # a shared wheel: build it in the cell that owns it
+                spec = resolve_spec(matrix, find_cell(matrix, str(exc).split("built in cell ")[1].split(";")[0]),
+                                    recipe, path)
+            tree = tmp_path / name / cell
+            tree.mkdir(parents=True)
+            (tree / "setup.py").write_text(setup)
+            apply_patches(spec, tree)
+            text = (tree / "setup.py").read_text()
+            assert text.count('"-std=c++20"') == (2 if patched else 0), (name, cell, text)
+            assert "/std:c++17" in text  # MSVC is exempt from torch's guard: left alone
+            if patched:
+                (tree / "setup.py").write_text("nothing to patch\n")
+                with pytest.raises(AttnkitError, match=rf"recipe {path}: patch of setup.py for torch>=2.14: "
+                                                       r"'\"-std=c\+\+17\"' is not there"):
+                    apply_patches(spec, tree)
+                (tree / "setup.py").unlink()
+                with pytest.raises(AttnkitError, match="no such file in the source tree"):
+                    apply_patches(spec, tree)
+
+
+def test_a_bad_patch_specifier_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "r.toml"
+    bad.write_text('name = "x"\nsource = "matrix"\nextension_modules = ["x"]\n[build]\narch_env = "A"\n'
+                   'arch_format = "sm-semicolon"\nmemory_per_job_gib = 1\n[[patches]]\nfile = "setup.py"\n'
+                   'torch = "2.14+"\nold = "a"\nnew = "b"\nwhy = "test"\n')
+    assert main(["wheels", "env", "--recipe", str(bad), "--cell", "torch2.11-cu130-py312"]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad}: patches.0.torch" in err and "'2.14+' is not a version specifier" in err
+    assert len(err.strip().splitlines()) == 1

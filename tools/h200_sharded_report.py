@@ -2,8 +2,11 @@
 seconds per compile unit (finished units from each shard's .ninja_log; units still compiling when the call
 ended, as lower bounds from `ps`), and projections through attnkit.wheels.shards.project_wall.
 
-Usage: PYTHONPATH=src python3 tools/h200_sharded_report.py DEVICE_OUT_DIR PLAN_JSON EARLIER_JSON OUT_JSON
-(EARLIER_JSON: the previous report, whose attempts are kept under "earlier_attempts")."""
+Usage: PYTHONPATH=src python3 tools/h200_sharded_report.py DEVICE_OUT_DIR PLAN_JSON EARLIER_JSON OUT_JSON [PROBE_JSON]
+(EARLIER_JSON: the previous report, whose attempts are kept under "earlier_attempts"; PROBE_JSON: a
+tools/h200_unit_archs.py result from another machine, which turns two assumptions of the projection into
+measured factors: how a unit's CPU time scales from sm_90 to 4 archs, and that machine's core speed against a
+loaded H200-host core on the same unit)."""
 from __future__ import annotations
 
 import json
@@ -31,6 +34,7 @@ def unit_source(path: str) -> str:
 
 def main() -> None:
     out_dir, plan_path, earlier_path, dest = map(Path, sys.argv[1:5])
+    probe = json.loads(Path(sys.argv[5]).read_text()) if len(sys.argv) > 5 else None
     logs = json.loads((out_dir / "ninja_logs.json").read_text())
     shards = json.loads((out_dir / "shards.json").read_text())
     status = (out_dir / "status.txt").read_text()
@@ -71,6 +75,36 @@ def main() -> None:
                                                                                   round(hi["compile_s"] / 60, 1)],
                                     "wall_min": [round(lo["wall_s"] / 60, 1), round(hi["wall_s"] / 60, 1)]})
     four = [p for p in projections if p["runner_cores"] == 4 and p["archs"] == 4]
+    measured_factors = None
+    if probe is not None:
+        unit = f"csrc/flash_attn/src/{probe['unit']}"
+        one = probe["sm90_threads1"]
+        four_key = next(k for k in probe if k.startswith("sm80_90_100_120_threads"))
+        speed = one["cpu_s"] / finished[unit]  # > 1: that machine's core is slower than a loaded H200-host core
+        arch4 = probe["cpu_ratio"]
+        rows = []
+        for cores, mem in RUNNERS.items():
+            for n in (8, 16, 24, 32):
+                lo_, hi_ = ({u: t * speed for u, t in d.items()} for d in (low, high))
+                lo = project_wall(lo_, n, cores=cores, memory_gib=mem, memory_per_job_gib=MEMORY_PER_JOB_GIB,
+                                  archs=arch4, overhead_s=OVERHEAD_S)
+                hi = project_wall(hi_, n, cores=cores, memory_gib=mem, memory_per_job_gib=MEMORY_PER_JOB_GIB,
+                                  archs=arch4, overhead_s=OVERHEAD_S)
+                rows.append({"runner_cores": cores, "shards": n, "jobs": lo["jobs"],
+                             "compile_min": [round(lo["compile_s"] / 60, 1), round(hi["compile_s"] / 60, 1)],
+                             "wall_min": [round(lo["wall_s"] / 60, 1), round(hi["wall_s"] / 60, 1)]})
+        measured_factors = {
+            "probe": {k: probe[k] for k in ("date", "unit", "cpus", "cpu_model", "command_sm90") if k in probe}
+            | {"sm90_threads1": one, four_key: probe[four_key], "h200_host_seconds_same_unit": finished[unit]},
+            "core_speed_factor": round(speed, 3),
+            "arch_cpu_factor_4_archs": arch4,
+            "arch_wall_ratio_with_threads": probe["wall_ratio"],
+            "how": ("unit seconds measured on the H200 host x core_speed_factor, then x arch_cpu_factor_4_archs "
+                    "in place of x4; same model, bounds and overhead as the rows above; 4 archs only"),
+            "rows": rows,
+            "shards_meeting_target_at_high_bound": [r["shards"] for r in rows
+                                                    if r["runner_cores"] == 4 and r["wall_min"][1] <= 60],
+        }
     fits = [p["shards"] for p in four if p["wall_min"][1] <= 60]
     # how evenly each way of costing units splits the work, judged on the measured seconds (a unit without a
     # measurement: its pattern cost x the median forward unit)
@@ -130,19 +164,27 @@ def main() -> None:
                        f"high at max(that, the slowest finished unit, {slowest:g} s)"),
             "assumptions": [f"overhead {OVERHEAD_S / 60:g} min per wheel (runner set-up + link job): NOT measured "
                             "(no link ran)",
-                            "a GitHub runner core as fast as one of these H200-host cores under full load",
-                            "unit time x archs (nvcc compiles each -gencode in turn): not measured (the probe "
-                            "did not finish)"],
+                            "rows: a GitHub runner core as fast as one of these H200-host cores under full load"
+                            + ("; with_measured_factors: as fast as the probe machine's core" if probe else ""),
+                            "rows: unit time x archs (nvcc compiles each -gencode in turn)"
+                            + ("; with_measured_factors: x the probe's measured 4-arch CPU ratio" if probe
+                               else ": not measured (the probe did not finish)")],
             "rows": projections,
             "target": "full arch list (4 archs) on 4-core runners <= 60 min",
             "shards_meeting_target_at_high_bound": fits,
+            "with_measured_factors": measured_factors,
         },
         "not_shown": ["the link job's time and the linked wheel's verification and GPU check on the H200",
-                      "a shard's complete compile time", "the 4-arch scaling of one unit"],
+                      "a shard's complete compile time",
+                      "the 4-arch scaling of one unit on the H200 host" + (" (measured on the probe machine: "
+                                                                           "projection.with_measured_factors)"
+                                                                           if probe else "")],
         "why": ("device budget: 30 min per session, 10 min per call, and the machine is handed back 30 s after a "
                 "call ends. Call 1 (8 min) ran the same 4 shards; the machine was handed back before call 2 "
                 "started, so its work was lost and call 2 (8 min) polled a fresh machine; call 3 is this run "
-                "(9 min); 110 s of budget were left after it"),
+                "(9 min); 110 s of budget were left after it. The next session (2026-12-01) found the same 110 s "
+                "(device time counts earlier tries at the same work) and no machine it could start: the complete "
+                "run is blocked here"),
         "earlier_attempts": {k: earlier[k] for k in ("status", "machine", "observed")} if "observed" in earlier
         else earlier.get("earlier_attempts"),
         "shown_on_dev_machine": earlier.get("what_is_shown_instead") or earlier.get("shown_on_dev_machine"),

@@ -1,7 +1,8 @@
 """Issue 14: one flash-attn compile unit's own nvcc command (from its build.ninja), run for sm_90 alone and for
 80;90;100;120 with --threads 4, to check how a unit's CPU time and wall time scale with the arch count (the
 projection in docs/results/<date>-h200-sharded-build.json assumes CPU time x archs).
-Usage: python3 tools/h200_unit_archs.py BUILD_TREE UNIT_SOURCE_NAME OUT_JSON"""
+Usage: python3 tools/h200_unit_archs.py BUILD_TREE UNIT_SOURCE_NAME OUT_JSON [THREADS, default 4]
+(THREADS: nvcc --threads for the 4-arch compile; the machine's core count is the useful value)"""
 from __future__ import annotations
 
 import json
@@ -58,16 +59,21 @@ def cubins(path: str) -> list[str] | None:
 
 def main() -> None:
     tree, unit, out_json = sys.argv[1:4]
+    threads = sys.argv[4] if len(sys.argv) > 4 else "4"
     commands = subprocess.run(["ninja", "-t", "commands", "-s"], cwd=tree, capture_output=True, text=True,
                               check=True).stdout.splitlines()
     line = next(c for c in commands if f"/{unit}" in c and "nvcc" in c)
     argv = shlex.split(line)
-    report: dict[str, object] = {"unit": unit, "cpus": len(os.sched_getaffinity(0))}
-    for name, archs, threads in (("sm90_threads1", None, "1"), ("sm80_90_100_120_threads4", FOUR, "4")):
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "?")
+    report: dict[str, object] = {"unit": unit, "cpus": len(os.sched_getaffinity(0)), "cpu_model": model,
+                                 "date": time.strftime("%Y-%m-%d")}
+    four_name = f"sm80_90_100_120_threads{threads}"
+    for name, archs, n in (("sm90_threads1", None, "1"), (four_name, FOUR, threads)):
         obj = f"/tmp/{name}.o"
-        report[name] = {**timed(variant(argv, obj, archs, threads), tree), "cubins": cubins(obj)}
+        report[name] = {**timed(variant(argv, obj, archs, n), tree), "cubins": cubins(obj)}
         print(name, report[name], flush=True)
-    one, four = report["sm90_threads1"], report["sm80_90_100_120_threads4"]
+    one, four = report["sm90_threads1"], report[four_name]
     report["cpu_ratio"] = round(four["cpu_s"] / one["cpu_s"], 2)  # type: ignore[index]
     report["wall_ratio"] = round(four["wall_s"] / one["wall_s"], 2)  # type: ignore[index]
     report["command_sm90"] = line

@@ -91,7 +91,58 @@ def _git_revision(tree: Path) -> str:
     return r.stdout.strip() or "unknown"
 
 
-def _explain_failure(output: str) -> str:
+def _fold_structs(line: str, keep: int = 60) -> str:
+    """podman prints the whole step struct (`{Env:[...] ... Original:RUN ...}`) before the cause of a failed step;
+    fold every brace group longer than `keep` so the cause, which comes after it, survives the line limit."""
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(line):
+        if ch == "{":
+            if depth == 0:
+                start = i
+            depth += 1
+        elif ch == "}" and depth:
+            depth -= 1
+            if depth == 0:
+                group = line[start:i + 1]
+                out.append(group if len(group) <= keep else "{...}")
+        elif depth == 0:
+            out.append(ch)
+    if depth:
+        out.append(line[start:])
+    return "".join(out)
+
+
+def _clip(line: str, limit: int = 300) -> str:
+    """Keep the head (what failed) and the tail (why) of a long line."""
+    line = _fold_structs(line.strip())
+    if len(line) <= limit:
+        return line
+    head = limit // 3
+    return line[:head] + " ... " + line[-(limit - head - 5):]
+
+
+def store_dir(builder: str) -> Path | None:
+    """Where the builder keeps its layers (podman's graphRoot, Docker's root dir): the disk a build fills."""
+    tool, fmt = ("docker", "{{.DockerRootDir}}") if builder == "docker" else ("podman", "{{.Store.GraphRoot}}")
+    if shutil.which(tool) is None:
+        return None
+    r = subprocess.run([tool, "info", "--format", fmt], capture_output=True, text=True, check=False)
+    return Path(r.stdout.strip()) if r.returncode == 0 and r.stdout.strip() else None
+
+
+def _out_of_space(builder: str) -> str:
+    store = store_dir(builder)
+    tool = "docker" if builder == "docker" else "podman"
+    where = "its image store"
+    if store is not None and store.exists():
+        where = f"{store} ({shutil.disk_usage(store).free / 2**30:.1f} GiB free now)"
+    return (f"no space left on device: {builder} writes layers to {where}; a cell's image needs about 3x its "
+            f"environment there; free some with `{tool} image prune` (dangling images of earlier builds)")
+
+
+def _explain_failure(output: str, builder: str = "podman") -> str:
+    if "no space left on device" in output.lower():
+        return _out_of_space(builder)
     if "DO NOT MATCH THE HASHES" in output:
         m = re.search(r"(\S+\.whl)", output[output.find("DO NOT MATCH THE HASHES"):])
         which = m.group(1) if m else "a wheel"
@@ -99,11 +150,11 @@ def _explain_failure(output: str) -> str:
     lines = [ln for ln in output.strip().splitlines() if ln.strip()]
     for ln in lines:
         if ln.startswith("ERROR:"):
-            return ln.strip()[:300]
+            return _clip(ln)
     for ln in reversed(lines):
         if "error" in ln.lower():
-            return ln.strip()[:300]
-    return lines[-1][:300] if lines else "no output"
+            return _clip(ln)
+    return _clip(lines[-1]) if lines else "no output"
 
 
 def build_image(m: Matrix, cell: Cell, variant: str = "runtime", *, target: str | None = None,
@@ -144,7 +195,7 @@ def build_image(m: Matrix, cell: Cell, variant: str = "runtime", *, target: str 
     if log:
         log.write_text(" ".join(cmd) + "\n" + output)
     if rc != 0:
-        raise AttnkitError(f"images: {builder} build of {cell.id} ({target}) failed: {_explain_failure(output)}")
+        raise AttnkitError(f"images: {builder} build of {cell.id} ({target}) failed: {_explain_failure(output, builder)}")
     rep.steps = len(re.findall(r"^STEP \d+/\d+", output, flags=re.M)) or output.count("#")
     rep.cache_hits = len(re.findall(r"Using cache|CACHED", output))
     rep.size_bytes = image_size(builder, tag)

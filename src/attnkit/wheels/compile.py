@@ -75,6 +75,7 @@ class BuildReport:
     peak_memory_used_gib: float | None = None
     log: str = ""
     shard: dict[str, Any] | None = None  # the shim's report of a plan, a shard or a link (wheels/shards.py)
+    patches: list[str] = field(default_factory=list)  # the recipe's source patches this cell's build applied
     verify: dict[str, Any] = field(default_factory=dict)
 
 def _watch_memory(stop: threading.Event, out: list[float]) -> None:
@@ -198,6 +199,10 @@ def build_wheel(spec: BuildSpec, out: Path, *, python: str = sys.executable, bui
     print(f"attnkit: {what} {spec.package} {spec.version} for {cell.id}: {knobs.arch_env}={report.archs}, "
           f"{n_jobs} jobs ({why}), toolkit {report.toolkit}", file=sys.stderr, flush=True)
     src = prepare_source(spec, build_dir, cache)
+    report.patches = [f"{pt.file}: {pt.old!r} -> {pt.new!r} (torch{pt.torch}; {pt.why})"
+                      for pt in spec.recipe.patches_for(cell.torch_version)]
+    for line in report.patches:
+        print(f"attnkit: source patch {line}", file=sys.stderr, flush=True)
     env = build_env(spec, tk, n_jobs)
     shim_report = build_dir / "shard-report.json"
     if mode is not None:

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from attnkit import data
 from attnkit.errors import AttnkitError
@@ -51,6 +52,26 @@ class BuildKnobs(_Strict):
     unit_cost: dict[str, float] = Field(default_factory=dict)
 
 
+class SourcePatch(_Strict):
+    """A literal edit of the unpacked source for the cells whose torch its release cannot build with as shipped
+    (flash-attn 2.8.3 and xformers 0.0.35 pin -std=c++17; torch >= 2.14's headers need C++20). Every occurrence
+    of `old` is replaced; none found fails the build, since upstream then changed and the recipe must follow."""
+    file: str  # relative to the source tree's root
+    torch: str  # PEP 440 specifier on the cell's torch version, e.g. ">=2.14"
+    old: str = Field(min_length=1)
+    new: str
+    why: str = Field(min_length=1)  # the upstream report or fix it follows
+
+    @field_validator("torch")
+    @classmethod
+    def _specifier(cls, v: str) -> str:
+        try:
+            SpecifierSet(v)
+        except InvalidSpecifier:
+            raise ValueError(f"torch: {v!r} is not a version specifier (e.g. '>=2.14')") from None
+        return v
+
+
 class Recipe(_Strict):
     name: str
     source: Literal["matrix"] | LocalSource
@@ -60,6 +81,10 @@ class Recipe(_Strict):
     extension_loader: Literal["import", "torch.ops.load_library"] = "import"
     import_modules: list[str] = Field(default_factory=list)
     build: BuildKnobs
+    patches: list[SourcePatch] = Field(default_factory=list)
+
+    def patches_for(self, torch_version: str) -> list[SourcePatch]:
+        return [pt for pt in self.patches if SpecifierSet(pt.torch).contains(torch_version, prereleases=True)]
 
 
 def load_recipe(package: str | None = None, path: str | Path | None = None) -> tuple[Recipe, Path]:

@@ -28,17 +28,43 @@ def fetch_sdist(url: str, sha256: str, cache: Path) -> Path:
     got_path.replace(dest)
     return dest
 
+def apply_patches(spec: BuildSpec, src: Path) -> None:
+    """The recipe's source patches for this cell's torch, applied in place (each file rewritten through a temp
+    file)."""
+    for pt in spec.recipe.patches_for(spec.cell.torch_version):
+        path = src / pt.file
+        if not path.is_file():
+            raise AttnkitError(f"recipe {spec.recipe_path}: patch of {pt.file}: no such file in the source tree")
+        text = path.read_text(encoding="utf-8")
+        n = text.count(pt.old)
+        if n == 0:
+            raise AttnkitError(f"recipe {spec.recipe_path}: patch of {pt.file} for torch{pt.torch}: {pt.old!r} "
+                               f"is not there (upstream changed: update or drop the patch)")
+        tmp = path.with_name(path.name + ".attnkit-tmp")
+        tmp.write_text(text.replace(pt.old, pt.new), encoding="utf-8")
+        tmp.replace(path)
+
+
+def _tree_marker(spec: BuildSpec) -> str:
+    """What an unpacked tree was made from: the sdist and the patches applied to it."""
+    patches = [pt.model_dump() for pt in spec.recipe.patches_for(spec.cell.torch_version)]
+    assert spec.sdist_sha256
+    return spec.sdist_sha256 + (f" {hashlib.sha256(repr(patches).encode()).hexdigest()[:16]}" if patches else "")
+
+
 def prepare_source(spec: BuildSpec, build_dir: Path, cache: Path) -> Path:
-    """The source tree to build in. Kept between runs (with its build/ objects) so builds resume."""
+    """The source tree to build in, with the recipe's patches for this cell. Kept between runs (with its
+    build/ objects) so builds resume."""
     src = build_dir / "src"
     if spec.local_source is not None:
         # copy2 keeps the sources' mtimes, so ninja still sees earlier objects as up to date
         shutil.copytree(spec.local_source, src, dirs_exist_ok=True, copy_function=shutil.copy2,
                         ignore=shutil.ignore_patterns(*IGNORED))
+        apply_patches(spec, src)
         return src
     assert spec.sdist_url and spec.sdist_sha256
     marker = build_dir / ".sdist-sha256"
-    if src.is_dir() and marker.is_file() and marker.read_text().strip() == spec.sdist_sha256:
+    if src.is_dir() and marker.is_file() and marker.read_text().strip() == _tree_marker(spec):
         return src
     archive = fetch_sdist(spec.sdist_url, spec.sdist_sha256, cache)
     tmp = build_dir / "src.tmp"
@@ -50,9 +76,10 @@ def prepare_source(spec: BuildSpec, build_dir: Path, cache: Path) -> Path:
     if len(tops) != 1:
         raise AttnkitError(f"sdist: {archive.name} does not unpack to one folder")
     shutil.rmtree(src, ignore_errors=True)
+    apply_patches(spec, tops[0])
     tops[0].replace(src)
     shutil.rmtree(tmp, ignore_errors=True)
-    marker.write_text(spec.sdist_sha256 + "\n")
+    marker.write_text(_tree_marker(spec) + "\n")
     return src
 
 
