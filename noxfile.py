@@ -77,6 +77,9 @@ def e2e(session: nox.Session) -> None:
         session.run("apt-get", "install", "-y", "-qq", "podman", "buildah", "debootstrap", "runc", external=True,
                     env={"DEBIAN_FRONTEND": "noninteractive"})
     session.install("-e", ".[test]", TORCH_CUDA, *BUILD_DEPS)
+    store = Path("/var/lib/containers/storage")  # podman's store as root: the image tests write ~3 GiB there
+    if store.exists():
+        session.log(f"{store}: {shutil.disk_usage(store).free / 2**30:.1f} GiB free")
     python = str(Path(session.virtualenv.location) / "bin" / "python")
     session.run("pytest", "-m", "e2e", "-q", "-rA", "--durations=12", *session.posargs,
                 env={"ATTNKIT_E2E_PYTHON": python})

@@ -41,11 +41,9 @@ def build_args(out: Path, build_dir: Path, py: str) -> list[str]:
             "--out", str(out), "--build-dir", str(build_dir)]
 
 
-@pytest.fixture(scope="module")
-def built(py, cache, tmp_path_factory) -> tuple[Path, dict]:
-    base = tmp_path_factory.mktemp("built")
-    r = attnkit(py, cache, *build_args(base / "house", base / "build", py), "--report", str(base / "report.json"))
-    return base / "house", json.loads(r.stdout)
+@pytest.fixture
+def built(tinyext_built) -> tuple[Path, dict]:
+    return tinyext_built
 
 
 def test_build_is_verified_and_named(built):

@@ -28,6 +28,7 @@ def fetch_sdist(url: str, sha256: str, cache: Path) -> Path:
     got_path.replace(dest)
     return dest
 
+
 def apply_patches(spec: BuildSpec, src: Path) -> None:
     """The recipe's source patches for this cell's torch, applied in place (each file rewritten through a temp
     file)."""
@@ -42,6 +43,7 @@ def apply_patches(spec: BuildSpec, src: Path) -> None:
                                f"is not there (upstream changed: update or drop the patch)")
         tmp = path.with_name(path.name + ".attnkit-tmp")
         tmp.write_text(text.replace(pt.old, pt.new), encoding="utf-8")
+        shutil.copymode(path, tmp)
         tmp.replace(path)
 
 
