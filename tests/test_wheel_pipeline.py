@@ -41,13 +41,8 @@ def build_args(out: Path, build_dir: Path, py: str) -> list[str]:
             "--out", str(out), "--build-dir", str(build_dir)]
 
 
-@pytest.fixture
-def built(tinyext_built) -> tuple[Path, dict]:
-    return tinyext_built
-
-
-def test_build_is_verified_and_named(built):
-    house, rep = built
+def test_build_is_verified_and_named(tinyext_built):
+    house, rep = tinyext_built
     assert rep["wheel"] == WHEEL
     assert sorted(p.name for p in house.iterdir()) == [WHEEL, WHEEL + ".verify.json"]
     v = rep["verify"]
@@ -75,8 +70,8 @@ def fresh_venv(path: Path, py: str) -> tuple[str, str]:
     return fpy, fresh_site
 
 
-def test_index_then_install_into_a_fresh_venv(built, py, cache, tmp_path):
-    house, rep = built
+def test_index_then_install_into_a_fresh_venv(tinyext_built, py, cache, tmp_path):
+    house, rep = tinyext_built
     site = tmp_path / "site"
     attnkit(py, cache, "index", "build", str(house), "--out", str(site))
     key = WHEEL.split("+")[1].split("-")[0]
@@ -96,8 +91,8 @@ def test_index_then_install_into_a_fresh_venv(built, py, cache, tmp_path):
     assert "[0.0, 3.0, 6.0, 9.0] [1.0, 2.0, 3.0, 4.0]" in out and fresh_site in out
 
 
-def test_tampered_wheel_in_index_is_refused(built, py, cache, tmp_path):
-    house, _ = built
+def test_tampered_wheel_in_index_is_refused(tinyext_built, py, cache, tmp_path):
+    house, _ = tinyext_built
     site = tmp_path / "site"
     attnkit(py, cache, "index", "build", str(house), "--out", str(site))
     target = site / "files" / WHEEL

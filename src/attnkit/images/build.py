@@ -121,9 +121,15 @@ def _clip(line: str, limit: int = 300) -> str:
     return line[:head] + " ... " + line[-(limit - head - 5):]
 
 
+def _cli(builder: str) -> str:
+    """The CLI that inspects what a builder built (docker for buildx bake, else podman)."""
+    return "docker" if builder == "docker" else "podman"
+
+
 def store_dir(builder: str) -> Path | None:
     """Where the builder keeps its layers (podman's graphRoot, Docker's root dir): the disk a build fills."""
-    tool, fmt = ("docker", "{{.DockerRootDir}}") if builder == "docker" else ("podman", "{{.Store.GraphRoot}}")
+    tool = _cli(builder)
+    fmt = "{{.DockerRootDir}}" if tool == "docker" else "{{.Store.GraphRoot}}"
     if shutil.which(tool) is None:
         return None
     r = subprocess.run([tool, "info", "--format", fmt], capture_output=True, text=True, check=False)
@@ -132,7 +138,7 @@ def store_dir(builder: str) -> Path | None:
 
 def _out_of_space(builder: str) -> str:
     store = store_dir(builder)
-    tool = "docker" if builder == "docker" else "podman"
+    tool = _cli(builder)
     where = "its image store"
     if store is not None and store.exists():
         where = f"{store} ({shutil.disk_usage(store).free / 2**30:.1f} GiB free now)"
@@ -204,14 +210,14 @@ def build_image(m: Matrix, cell: Cell, variant: str = "runtime", *, target: str 
 
 
 def image_size(builder: str, ref: str) -> int | None:
-    tool = "docker" if builder == "docker" else "podman"
+    tool = _cli(builder)
     r = subprocess.run([tool, "image", "inspect", "--format", "{{.Size}}", ref], capture_output=True, text=True,
                        check=False)
     return int(r.stdout.strip()) if r.returncode == 0 and r.stdout.strip().isdigit() else None
 
 
 def image_history(builder: str, ref: str) -> list[dict[str, Any]]:
-    tool = "docker" if builder == "docker" else "podman"
+    tool = _cli(builder)
     r = subprocess.run([tool, "history", "--no-trunc", "--format", "json", ref], capture_output=True, text=True,
                        check=False)
     if r.returncode != 0:

@@ -199,8 +199,7 @@ def build_wheel(spec: BuildSpec, out: Path, *, python: str = sys.executable, bui
     print(f"attnkit: {what} {spec.package} {spec.version} for {cell.id}: {knobs.arch_env}={report.archs}, "
           f"{n_jobs} jobs ({why}), toolkit {report.toolkit}", file=sys.stderr, flush=True)
     src = prepare_source(spec, build_dir, cache)
-    report.patches = [f"{pt.file}: {pt.old!r} -> {pt.new!r} (torch{pt.torch}; {pt.why})"
-                      for pt in spec.recipe.patches_for(cell.torch_version)]
+    report.patches = [pt.describe() for pt in spec.recipe.patches_for(cell.torch_version)]
     for line in report.patches:
         print(f"attnkit: source patch {line}", file=sys.stderr, flush=True)
     env = build_env(spec, tk, n_jobs)

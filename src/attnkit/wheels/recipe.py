@@ -71,6 +71,9 @@ class SourcePatch(_Strict):
             raise ValueError(f"torch: {v!r} is not a version specifier (e.g. '>=2.14')") from None
         return v
 
+    def describe(self) -> str:
+        return f"{self.file}: {self.old!r} -> {self.new!r} (torch{self.torch}; {self.why})"
+
 
 class Recipe(_Strict):
     name: str
