@@ -78,8 +78,8 @@ def e2e(session: nox.Session) -> None:
                     env={"DEBIAN_FRONTEND": "noninteractive"})
     session.install("-e", ".[test]", TORCH_CUDA, *BUILD_DEPS)
     store = Path("/var/lib/containers/storage")  # podman's store as root: the image tests write ~3 GiB there
-    if store.exists():
-        session.log(f"{store}: {shutil.disk_usage(store).free / 2**30:.1f} GiB free")
+    on_disk = next(p for p in (store, *store.parents) if p.exists())  # a fresh machine has no store yet
+    session.log(f"{store} (on the disk of {on_disk}): {shutil.disk_usage(on_disk).free / 2**30:.1f} GiB free")
     python = str(Path(session.virtualenv.location) / "bin" / "python")
     session.run("pytest", "-m", "e2e", "-q", "-rA", "--durations=12", *session.posargs,
                 env={"ATTNKIT_E2E_PYTHON": python})
