@@ -44,6 +44,11 @@ def test_recipe_errors_are_one_line(tmp_path, capsys):
     assert main(["wheels", "env", "--recipe", str(bad), "--cell", "torch2.11-cu130-py312"]) == 1
     err = capsys.readouterr().err
     assert f"{bad}: build.arch_format" in err and len(err.strip().splitlines()) == 1
+    bad.write_text('name = "x"\nsource = "matrix"\nextension_modules = ["x"]\n[build]\narch_env = "A"\n'
+                   'arch_format = "sm-semicolon"\nmemory_per_job_gib = 1\n[build.unit_cost]\n"*bwd*" = 0\n')
+    assert main(["wheels", "env", "--recipe", str(bad), "--cell", "torch2.11-cu130-py312"]) == 1
+    err = capsys.readouterr().err
+    assert "build.unit_cost" in err and "greater than 0" in err and len(err.strip().splitlines()) == 1
     bad.write_text("name = [")
     assert main(["wheels", "env", "--recipe", str(bad), "--cell", "torch2.11-cu130-py312"]) == 1
     assert "TOML syntax error" in capsys.readouterr().err

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, field_validator
 
 from attnkit import data
 from attnkit.errors import AttnkitError
@@ -49,7 +49,7 @@ class BuildKnobs(_Strict):
     memory_per_job_gib: float = Field(gt=0)
     # relative compile cost of a unit by its source path (fnmatch, first match; others cost 1): balances
     # sharded builds until a measured record (`wheels plan --costs`) is given
-    unit_cost: dict[str, float] = Field(default_factory=dict)
+    unit_cost: dict[str, PositiveFloat] = Field(default_factory=dict)  # > 0: record seconds are scaled by them
 
 
 class SourcePatch(_Strict):
