@@ -504,3 +504,46 @@ def test_a_bad_patch_specifier_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{bad}: patches.0.torch" in err and "'2.14+' is not a version specifier" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_source_patches_are_part_of_the_source_digest_and_a_local_tree_keeps_its_times(matrix, tmp_path):
+    """A patch changes what is compiled, so it is in every object's key (a store filled before a patch changed
+    is never linked from); re-preparing a patched local source leaves unchanged files' mtimes alone, so ninja
+    recompiles nothing on a re-run."""
+    import dataclasses
+    import os
+
+    from attnkit.matrix.expand import find_cell
+    from attnkit.wheels.recipe import SourcePatch
+    from attnkit.wheels.recipe import resolve as resolve_spec
+    from attnkit.wheels.source import prepare_source, source_digest
+
+    recipe, path = load_recipe("flash-attn")
+    new = find_cell(matrix, "torch2.14-cu132-py312")
+    old = find_cell(matrix, "torch2.13-cu130-py312")
+    patched, plain = (resolve_spec(matrix, c, recipe, path) for c in (new, old))
+    assert source_digest(plain) == plain.sdist_sha256
+    assert source_digest(patched).startswith(patched.sdist_sha256 + " patches:")
+    other = recipe.model_copy(update={"patches": [pt.model_copy(update={"new": '"-std=c++23"'})
+                                                  for pt in recipe.patches]})
+    assert source_digest(dataclasses.replace(patched, recipe=other)) != source_digest(patched)
+
+    local = tmp_path / "local"
+    local.mkdir()
+    (local / "kernel.cu").write_text("// FLAG_A\n")
+    (local / "other.cu").write_text("// untouched\n")
+    os.utime(local / "kernel.cu", (1_000_000_000, 1_000_000_000))
+    patch = SourcePatch(file="kernel.cu", torch=">=2.14", old="FLAG_A", new="FLAG_B", why="test")
+    spec = dataclasses.replace(patched, sdist_url=None, sdist_sha256=None, local_source=local,
+                               recipe=recipe.model_copy(update={"patches": [patch]}))
+    src = prepare_source(spec, tmp_path / "build", tmp_path / "cache")
+    assert (src / "kernel.cu").read_text() == "// FLAG_B\n"
+    first = (src / "kernel.cu").stat().st_mtime_ns
+    assert first != 1_000_000_000 * 10**9  # patched: newer than its source, so ninja compiles it
+    prepare_source(spec, tmp_path / "build", tmp_path / "cache")
+    assert (src / "kernel.cu").read_text() == "// FLAG_B\n" and (src / "kernel.cu").stat().st_mtime_ns == first
+    (local / "kernel.cu").write_text("// FLAG_A changed\n")
+    prepare_source(spec, tmp_path / "build", tmp_path / "cache")
+    assert (src / "kernel.cu").read_text() == "// FLAG_B changed\n"
+    assert source_digest(spec) != source_digest(dataclasses.replace(spec, recipe=recipe.model_copy(
+        update={"patches": []})))

@@ -10,11 +10,12 @@ mode:
   missing from the store is an error naming it (a shard that did not run, or ran on other inputs).
 Anything else (`ninja --version`, a tool) goes to the real ninja.
 
-An object's key is sha256 over: the source tree's digest (the sdist's sha256, which covers every header),
-the unit's full compile command with the source and build roots replaced by placeholders (flags, the
-arch gencode list, include paths), the toolkit (nvcc --version) and the torch version. A stale object is
-never linked: its key differs, so it is simply not found. The store is a flat folder of `<key>.o` files,
-which is what CI caches (actions/cache) and passes from shard jobs to the link job (artifacts).
+An object's key is sha256 over: the source tree's digest (the sdist's sha256, which covers every header, with
+the recipe's source patches for the cell), the unit's full compile command with the source and build roots
+replaced by placeholders (flags, the arch gencode list, include paths), the toolkit (nvcc --version) and the
+torch version. A stale object is never linked: its key differs, so it is simply not found. The store is a flat
+folder of `<key>.o` files, which is what CI caches (actions/cache) and passes from shard jobs to the link job
+(artifacts).
 
 Shards are balanced by cost, not count: costs come from a measured record (`<unit>: seconds`, from earlier
 shard reports), else the recipe's `unit_cost` patterns (relative costs measured per kernel class; scaled to

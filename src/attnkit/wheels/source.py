@@ -4,6 +4,7 @@ that is kept between runs, so builds resume; and the digest that names the tree 
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import tarfile
 from pathlib import Path
@@ -47,26 +48,25 @@ def apply_patches(spec: BuildSpec, src: Path) -> None:
         tmp.replace(path)
 
 
-def _tree_marker(spec: BuildSpec) -> str:
-    """What an unpacked tree was made from: the sdist and the patches applied to it."""
-    patches = [pt.model_dump() for pt in spec.recipe.patches_for(spec.cell.torch_version)]
-    assert spec.sdist_sha256
-    return spec.sdist_sha256 + (f" {hashlib.sha256(repr(patches).encode()).hexdigest()[:16]}" if patches else "")
-
-
 def prepare_source(spec: BuildSpec, build_dir: Path, cache: Path) -> Path:
     """The source tree to build in, with the recipe's patches for this cell. Kept between runs (with its
     build/ objects) so builds resume."""
     src = build_dir / "src"
     if spec.local_source is not None:
-        # copy2 keeps the sources' mtimes, so ninja still sees earlier objects as up to date
+        # copy2 keeps the sources' mtimes, so ninja still sees earlier objects as up to date; a patched file
+        # whose result is what the tree already held keeps its time too (the copy put the unpatched text back)
+        patched = [src / pt.file for pt in spec.recipe.patches_for(spec.cell.torch_version)]
+        before = {p: (p.read_bytes(), p.stat()) for p in patched if p.is_file()}
         shutil.copytree(spec.local_source, src, dirs_exist_ok=True, copy_function=shutil.copy2,
                         ignore=shutil.ignore_patterns(*IGNORED))
         apply_patches(spec, src)
+        for path, (data, st) in before.items():
+            if path.read_bytes() == data:
+                os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
         return src
     assert spec.sdist_url and spec.sdist_sha256
-    marker = build_dir / ".sdist-sha256"
-    if src.is_dir() and marker.is_file() and marker.read_text().strip() == _tree_marker(spec):
+    marker = build_dir / ".source-digest"  # what the unpacked tree is (source_digest)
+    if src.is_dir() and marker.is_file() and marker.read_text().strip() == source_digest(spec):
         return src
     archive = fetch_sdist(spec.sdist_url, spec.sdist_sha256, cache)
     tmp = build_dir / "src.tmp"
@@ -81,23 +81,27 @@ def prepare_source(spec: BuildSpec, build_dir: Path, cache: Path) -> Path:
     apply_patches(spec, tops[0])
     tops[0].replace(src)
     shutil.rmtree(tmp, ignore_errors=True)
-    marker.write_text(_tree_marker(spec) + "\n")
+    marker.write_text(source_digest(spec) + "\n")
     return src
 
 
 def source_digest(spec: BuildSpec) -> str:
     """What the source tree is: the sdist's sha256 (it covers every header), or for a local source the hash
-    of every file's path and bytes (build outputs left out). Part of every object key (wheels/shards.py)."""
+    of every file's path and bytes (build outputs left out); and the recipe's patches for this cell, which
+    change what is compiled. Part of every object key (wheels/shards.py) and the unpacked tree's marker."""
     import fnmatch
 
     if spec.sdist_sha256:
-        return spec.sdist_sha256
-    assert spec.local_source is not None
-    root = spec.local_source
-    h = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        rel = path.relative_to(root)
-        if any(fnmatch.fnmatch(part, pat) for part in rel.parts for pat in IGNORED):
-            continue
-        h.update(str(rel).encode() + b"\0" + path.read_bytes() + b"\0")
-    return h.hexdigest()
+        base = spec.sdist_sha256
+    else:
+        assert spec.local_source is not None
+        root = spec.local_source
+        h = hashlib.sha256()
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            rel = path.relative_to(root)
+            if any(fnmatch.fnmatch(part, pat) for part in rel.parts for pat in IGNORED):
+                continue
+            h.update(str(rel).encode() + b"\0" + path.read_bytes() + b"\0")
+        base = h.hexdigest()
+    patches = [pt.model_dump() for pt in spec.recipe.patches_for(spec.cell.torch_version)]
+    return base + (f" patches:{hashlib.sha256(repr(patches).encode()).hexdigest()[:16]}" if patches else "")
