@@ -77,9 +77,9 @@ def e2e(session: nox.Session) -> None:
         session.run("apt-get", "install", "-y", "-qq", "podman", "buildah", "debootstrap", "runc", external=True,
                     env={"DEBIAN_FRONTEND": "noninteractive"})
     session.install("-e", ".[test]", TORCH_CUDA, *BUILD_DEPS)
-    store = Path("/var/lib/containers/storage")  # podman's store as root: the image tests write ~3 GiB there
-    on_disk = next(p for p in (store, *store.parents) if p.exists())  # a fresh machine has no store yet
-    session.log(f"{store} (on the disk of {on_disk}): {shutil.disk_usage(on_disk).free / 2**30:.1f} GiB free")
+    # the image tests write ~3 GiB of layers; log where (podman's store, asked by attnkit) and the room left
+    session.run("python", "-c", "from attnkit.images.build import store_space; "
+                "print('podman image store:', store_space('podman'))")
     python = str(Path(session.virtualenv.location) / "bin" / "python")
     session.run("pytest", "-m", "e2e", "-q", "-rA", "--durations=12", *session.posargs,
                 env={"ATTNKIT_E2E_PYTHON": python})

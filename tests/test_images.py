@@ -64,7 +64,7 @@ def _image_ids() -> set[str]:
 @pytest.fixture(scope="module", autouse=True)
 def _remove_what_we_built(env):
     """Each run's images (new revision label, new wheelhouse) would leave the last run's as dangling layers, gigabytes
-    a run, until the machine's disk fills (CI runs on the same machine): remove every image this module made, except
+    a run, until a machine that keeps its store between runs fills its disk: remove every image this module made, except
     the debootstrap base, which `env` made or found and later runs reuse."""
     before = _image_ids()
     yield

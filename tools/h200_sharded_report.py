@@ -32,6 +32,16 @@ def unit_source(path: str) -> str:
     return f"csrc/flash_attn/src/{name[:-2]}.cu"
 
 
+def bounded_row(low: dict[str, float], high: dict[str, float], shards: int, cores: int, mem: float,
+                archs: float) -> dict[str, object]:
+    """One projection at both bounds of the unit seconds: shards, jobs, compile and wall minutes as [low, high]."""
+    lo, hi = (project_wall(d, shards, cores=cores, memory_gib=mem, memory_per_job_gib=MEMORY_PER_JOB_GIB,
+                           archs=archs, overhead_s=OVERHEAD_S) for d in (low, high))
+    return {"shards": shards, "jobs": lo["jobs"],
+            "compile_min": [round(lo["compile_s"] / 60, 1), round(hi["compile_s"] / 60, 1)],
+            "wall_min": [round(lo["wall_s"] / 60, 1), round(hi["wall_s"] / 60, 1)]}
+
+
 def main() -> None:
     out_dir, plan_path, earlier_path, dest = map(Path, sys.argv[1:5])
     probe = json.loads(Path(sys.argv[5]).read_text()) if len(sys.argv) > 5 else None
@@ -66,14 +76,8 @@ def main() -> None:
     for cores, mem in RUNNERS.items():
         for archs in (1, 2, 4):
             for n in (4, 8, 16, 24, 32):
-                lo = project_wall(low, n, cores=cores, memory_gib=mem, memory_per_job_gib=MEMORY_PER_JOB_GIB,
-                                  archs=archs, overhead_s=OVERHEAD_S)
-                hi = project_wall(high, n, cores=cores, memory_gib=mem, memory_per_job_gib=MEMORY_PER_JOB_GIB,
-                                  archs=archs, overhead_s=OVERHEAD_S)
-                projections.append({"runner_cores": cores, "runner_memory_gib": mem, "jobs": lo["jobs"],
-                                    "archs": archs, "shards": n, "compile_min": [round(lo["compile_s"] / 60, 1),
-                                                                                  round(hi["compile_s"] / 60, 1)],
-                                    "wall_min": [round(lo["wall_s"] / 60, 1), round(hi["wall_s"] / 60, 1)]})
+                projections.append({"runner_cores": cores, "runner_memory_gib": mem, "archs": archs,
+                                    **bounded_row(low, high, n, cores, mem, archs)})
     four = [p for p in projections if p["runner_cores"] == 4 and p["archs"] == 4]
     measured_factors = None
     if probe is not None:
@@ -86,13 +90,7 @@ def main() -> None:
         for cores, mem in RUNNERS.items():
             for n in (8, 16, 24, 32):
                 lo_, hi_ = ({u: t * speed for u, t in d.items()} for d in (low, high))
-                lo = project_wall(lo_, n, cores=cores, memory_gib=mem, memory_per_job_gib=MEMORY_PER_JOB_GIB,
-                                  archs=arch4, overhead_s=OVERHEAD_S)
-                hi = project_wall(hi_, n, cores=cores, memory_gib=mem, memory_per_job_gib=MEMORY_PER_JOB_GIB,
-                                  archs=arch4, overhead_s=OVERHEAD_S)
-                rows.append({"runner_cores": cores, "shards": n, "jobs": lo["jobs"],
-                             "compile_min": [round(lo["compile_s"] / 60, 1), round(hi["compile_s"] / 60, 1)],
-                             "wall_min": [round(lo["wall_s"] / 60, 1), round(hi["wall_s"] / 60, 1)]})
+                rows.append({"runner_cores": cores, **bounded_row(lo_, hi_, n, cores, mem, arch4)})
         measured_factors = {
             "probe": {k: probe[k] for k in ("date", "unit", "cpus", "cpu_model", "command_sm90") if k in probe}
             | {"sm90_threads1": one, four_key: probe[four_key], "h200_host_seconds_same_unit": finished[unit]},

@@ -136,14 +136,18 @@ def store_dir(builder: str) -> Path | None:
     return Path(r.stdout.strip()) if r.returncode == 0 and r.stdout.strip() else None
 
 
-def _out_of_space(builder: str) -> str:
+def store_space(builder: str) -> str:
+    """The builder's image store and its disk's free space, for logs and the out-of-space error."""
     store = store_dir(builder)
-    tool = _cli(builder)
-    where = "its image store"
-    if store is not None and store.exists():
-        where = f"{store} ({shutil.disk_usage(store).free / 2**30:.1f} GiB free now)"
-    return (f"no space left on device: {builder} writes layers to {where}; a cell's image needs about 3x its "
-            f"environment there; free some with `{tool} image prune` (dangling images of earlier builds)")
+    if store is None or not store.exists():
+        return "its image store"
+    return f"{store} ({shutil.disk_usage(store).free / 2**30:.1f} GiB free now)"
+
+
+def _out_of_space(builder: str) -> str:
+    return (f"no space left on device: {builder} writes layers to {store_space(builder)}; a cell's image needs "
+            f"about 3x its environment there; free some with `{_cli(builder)} image prune` (dangling images of "
+            "earlier builds)")
 
 
 def _explain_failure(output: str, builder: str = "podman") -> str:
