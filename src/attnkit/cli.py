@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -93,6 +95,35 @@ def _cmd_smoke(a: argparse.Namespace) -> int:
     from attnkit.runtime.smoke import run_smoke
 
     return run_smoke(report=a.report, backends=a.backend, cases=a.case)
+
+
+def _cmd_oracle(a: argparse.Namespace) -> int:
+    from attnkit.runtime.oracle import merge, run_oracle
+
+    if a.merge:
+        return merge(a.merge, a.out)
+    if not a.tests:
+        raise UsageError("--tests: required (flash-attention's tests/test_flash_attn.py, or a checkout holding it); "
+                         "or --merge REPORT... to join shard reports")
+    return run_oracle(a.tests, out=a.out, budget=a.budget, shard=a.shard, backends=a.backend,
+                      words=a.filter.split(",") if a.filter else None)
+
+
+def _shard_arg(text: str) -> tuple[int, int]:
+    m = re.fullmatch(r"([0-9]{1,4})/([0-9]{1,4})", text, flags=re.ASCII)
+    if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
+        raise argparse.ArgumentTypeError(f"expected I/N with 1 <= I <= N (e.g. 2/4), got {text!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def _seconds_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
 
 
 def _cmd_warmup(a: argparse.Namespace) -> int:
@@ -428,6 +459,17 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--backend", action="append", help="only this backend ('attnkit': attention() itself); repeatable")
     sm.add_argument("--case", action="append", help="only this case; repeatable")
     sm.set_defaults(func=_cmd_smoke)
+
+    orc = sub.add_parser("oracle", help="flash-attn's own test grid against attention() and every backend forced")
+    orc.add_argument("--tests", help="flash-attention's tests/test_flash_attn.py (or a checkout holding it): the "
+                                     "reference functions are read from it at run time")
+    orc.add_argument("--out", help="write the JSON report here")
+    orc.add_argument("--budget", type=_seconds_arg, default=600.0, help="stop starting cases after this many seconds")
+    orc.add_argument("--shard", type=_shard_arg, help="I/N: run the I-th of N parts (split by kernel configuration)")
+    orc.add_argument("--backend", action="append", help="only this backend ('attnkit': attention()'s pick); repeatable")
+    orc.add_argument("--filter", help="keep cases whose tag holds every comma-separated word, e.g. varlen,alibi=True")
+    orc.add_argument("--merge", nargs="+", metavar="REPORT", help="join shard reports into one (--out)")
+    orc.set_defaults(func=_cmd_oracle)
 
     wu = sub.add_parser("warmup", help="compile JIT kernels (FlashAttention-4) for a list of shapes ahead of time")
     wu.add_argument("--shapes", help="JSON list of shapes: heads, head_dim, seqlen | seqlen_q+seqlen_k | lengths, ...")

@@ -29,6 +29,35 @@ def _sdp_backend(name: str) -> Any:
     return getattr(SDPBackend, name)
 
 
+def grad_like_output(out: Any) -> Any:
+    """Hand cuDNN's attention backward an output gradient laid out like the output it returned.
+
+    Why: on torch 2.11 / cuDNN 9.19 (H200), `_scaled_dot_product_cudnn_attention_backward` returns wrong
+    dq/dk/dv (errors of 4-40 on unit-variance inputs; the forward is right) when grad_out's strides differ
+    from out's, at least once a graph for those sizes was built with the other layout: the stride of dO is not
+    part of what torch's cuDNN path specialises on. attnkit's padded-varlen route produces exactly that
+    (`masked_fill` of keyless rows turns a (B, H, S, D) view of a (B, S, H, D) buffer into a contiguous
+    gradient), which is how flash-attn's test grid found 219-242 wrong varlen + ALiBi gradients
+    (docs/cudnn-grad-layout.md has the plain-torch reproduction). The hook costs nothing in the forward and
+    one copy of dO in the backward only when the layouts differ."""
+    stride = out.stride()
+
+    def relayout(grad: Any) -> Any:
+        if grad.stride() == stride:
+            return grad
+        return grad.new_empty_strided(grad.shape, stride).copy_(grad)
+
+    out.register_hook(relayout)
+    return out
+
+
+def cudnn_backward_possible(call: AttentionCall, sdp_name: str | None) -> bool:
+    """Can this eager call's backward run cuDNN's kernel (forced, or as torch's own pick)? Graphs are left to
+    torch.compile, whose lowering fixes the gradient's layout for this op itself; softcap runs eager math."""
+    return (call.requires_grad and call.device == "cuda" and not call.trace and not call.softcap
+            and sdp_name in (None, "CUDNN_ATTENTION"))
+
+
 @functools.lru_cache(maxsize=layout.MASK_CACHE_SIZE)
 def _empty_rows_lower_right(sq: int, sk: int, device: Any) -> Any:
     """(1, 1, sq, 1): the first sq - sk queries of bottom-right causal with sq > sk see no key."""
@@ -103,6 +132,10 @@ class SdpaBackend(Backend):
             else:
                 kw["attn_mask"] = ok
 
+        # cuDNN's backward may run (forced, or torch's own pick, which a graph or a mask object hides from us):
+        # its output gradient must arrive laid out like its output (grad_like_output). Graphs are left to
+        # torch.compile, whose lowering fixes the gradient's layout for this op itself.
+        guard = cudnn_backward_possible(call, self.sdp_name)
         idx_q = idx_k = None
         if call.varlen:  # indices into the padded buffer: computed once per cu_seqlens, not per call
             idx_q = layout.varlen_indices(p.cu_seqlens_q, sq)
@@ -117,6 +150,8 @@ class SdpaBackend(Backend):
             if expand:
                 k, v = layout.expand_kv(k, heads), layout.expand_kv(v, heads)
             out = sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kw)
+            if guard and out.requires_grad:
+                out = grad_like_output(out)
             if empty is not None:  # all-False unless some row sees no key: no host sync to find out
                 out = out.masked_fill(empty, 0.0)
             out = out.transpose(1, 2)
@@ -124,7 +159,7 @@ class SdpaBackend(Backend):
                 out = out.reshape(batch * sq, *out.shape[2:]).index_select(0, idx_q)
             return out
 
-        if not (idx_q is not None or expand or empty is not None):
+        if not (idx_q is not None or expand or empty is not None or guard):
             def run(q: Any, k: Any, v: Any) -> Any:  # the plain call, nothing around it
                 return sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kw).transpose(1, 2)
 
@@ -135,7 +170,7 @@ class SdpaBackend(Backend):
         wanted = None if self.sdp_name is None else int(_sdp_backend(self.sdp_name))
         if picked is not None and wanted in (None, picked):
             if not (idx_q is not None or expand or empty is not None or "attn_mask" in kw):
-                direct = _direct(picked, kw, call)
+                direct = _direct(picked, kw, call, guard)
                 if direct is not None:
                     return direct
             return run
@@ -165,7 +200,7 @@ class SdpaBackend(Backend):
             return None
 
 
-def _direct(picked: int, kw: dict[str, Any], call: AttentionCall) -> Runner | None:
+def _direct(picked: int, kw: dict[str, Any], call: AttentionCall, guard: bool) -> Runner | None:
     """The kernel's own op, called the way F.scaled_dot_product_attention calls it once it has chosen (its
     cuDNN and flash branches: k/v as given, GQA handled by the kernel, log-sum-exp only for a backward), so
     the plain call's per-call choosing is not paid again. Only for calls with no mask, where both kernels
@@ -184,7 +219,12 @@ def _direct(picked: int, kw: dict[str, Any], call: AttentionCall) -> Runner | No
         def run_cudnn(q: Any, k: Any, v: Any) -> Any:
             return cudnn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, lse, dropout, causal, False,
                          scale=scale)[0].transpose(1, 2)
-        return run_cudnn
+
+        def run_cudnn_guarded(q: Any, k: Any, v: Any) -> Any:
+            out = cudnn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, lse, dropout, causal, False,
+                        scale=scale)[0]
+            return (grad_like_output(out) if out.requires_grad else out).transpose(1, 2)
+        return run_cudnn_guarded if guard and lse else run_cudnn
     if picked == int(_sdp_backend("FLASH_ATTENTION")) and call.head_dim % 8 == 0 and call.head_dim_v % 8 == 0:
         flash = getattr(torch, "_scaled_dot_product_flash_attention", None)
         if flash is None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from attnkit.runtime.backends._sdpa import grad_like_output
 from attnkit.runtime.backends.base import Backend, Limits
 from attnkit.runtime.call import AttentionCall, Params
 
@@ -103,6 +104,8 @@ class SdpaCudnnVarlen(Backend):
                     real = torch.tensor([lengths[i] for i in group], device=dev)
                     kwargs["attn_mask"] = (torch.arange(m, device=dev)[None, :] < real[:, None])[:, None, None, :]
                 o = F.scaled_dot_product_attention(bucket(0), bucket(1), bucket(2), **kwargs)
+                if o.requires_grad:
+                    o = grad_like_output(o)
                 # one split per bucket drops the padded rows; its backward is one cat
                 chunks = o.transpose(1, 2).reshape(n * m, *o.shape[1:2], o.shape[-1]).split(
                     [x for i in group for x in (lengths[i], m - lengths[i])])

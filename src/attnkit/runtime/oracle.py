@@ -1,0 +1,312 @@
+"""`attnkit oracle` (run by `nox -s oracle`): flash-attn's own test grid, judged by flash-attn's own reference and
+tolerance rule, for attention()'s own pick AND for every backend forced, forward and backward.
+
+Why a product check and not a one-off: which kernel a call reaches depends on the machine, the libraries and
+even on what ran before (issue 21: cuDNN's backward went wrong only once a graph of the same sizes had been
+built with another output-gradient layout). A backend that claims a case must pass it; one that cannot must
+refuse it through its limits, never answer wrongly.
+
+The reference functions (attention_ref, construct_local_mask, attn_bias_from_alibi_slopes,
+generate_random_padding_mask) are read at run time from the flash-attention tests file the user points to;
+nothing of theirs is stored here. The rule is theirs: output error <= 2x, each gradient error <= 3x the error of
+the same math done by PyTorch in the low precision (reordered ops), both against the fp32 reference.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import itertools
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from attnkit.errors import UsageError
+
+AUTO = "attnkit"  # attention()'s own pick
+REFERENCE = ("attention_ref", "construct_local_mask", "attn_bias_from_alibi_slopes", "generate_random_padding_mask")
+HEADS = {"mha": 6, "mqa": 1, "gqa": 2}  # kv heads for 6 query heads, as flash-attn's tests
+DIMS = (32, 59, 64, 111, 128, 256)
+PAIRS = ((113, 203), (128, 217), (113, 211), (108, 256), (256, 512), (512, 256), (1024, 1024), (1023, 1024),
+         (1024, 1023), (2048, 2048))
+# softcap: FlashAttention-4's tests (tests/cute) cover it, flash-attn 2's output grid above does not
+SOFTCAP, SOFTCAP_DIMS, SOFTCAP_PAIRS = 50.0, (64, 128), ((113, 203), (512, 256), (1024, 1024))
+
+
+@dataclass(frozen=True)
+class Case:
+    layout: str  # "dense" | "varlen" (random padding per sequence, packed)
+    dtype: str
+    heads: str  # key of HEADS
+    causal: bool
+    local: bool
+    alibi: bool
+    softcap: float
+    d: int
+    sq: int
+    sk: int
+
+    @property
+    def tag(self) -> str:
+        cap = f" softcap={self.softcap:g}" if self.softcap else ""
+        return (f"{self.layout} {self.dtype} {self.heads} causal={self.causal} local={self.local} alibi={self.alibi}"
+                f"{cap} d={self.d} sq={self.sq} sk={self.sk}")
+
+    @property
+    def group(self) -> tuple[Any, ...]:
+        """What a JIT backend compiles a kernel for: shards split by it, so no two shards compile the same."""
+        return (self.layout, self.dtype, self.heads, self.causal, self.local, self.alibi, self.softcap, self.d)
+
+
+def grid() -> list[Case]:
+    """flash-attn's test_flash_attn_output / test_flash_attn_varlen_output grid (no dropout), plus softcap cases;
+    interleaved so that a time budget still samples every feature."""
+    base = [Case(lay, dt, h, c, lo, al, 0.0, d, sq, sk) for lay, dt, h, c, lo, al, d, (sq, sk) in itertools.product(
+        ("dense", "varlen"), ("bfloat16", "float16"), HEADS, (False, True), (False, True), (False, True), DIMS, PAIRS)]
+    base += [Case(lay, dt, h, c, lo, False, SOFTCAP, d, sq, sk) for lay, dt, h, c, lo, d, (sq, sk) in itertools.product(
+        ("dense", "varlen"), ("bfloat16", "float16"), HEADS, (False, True), (False, True), SOFTCAP_DIMS, SOFTCAP_PAIRS)]
+    return base[::7] + [c for i, c in enumerate(base) if i % 7]
+
+
+def select_cases(cases: list[Case], shard: tuple[int, int] | None, words: list[str] | None) -> list[Case]:
+    if words:
+        cases = [c for c in cases if all(w in c.tag for w in words)]
+    if shard is not None:
+        index, count = shard
+        groups = {g: n for n, g in enumerate(dict.fromkeys(c.group for c in grid()))}
+        cases = [c for c in cases if groups[c.group] % count == index - 1]
+    return cases
+
+
+def load_reference(path: str) -> dict[str, Any]:
+    """flash-attn's reference functions from its tests file (or a checkout holding tests/test_flash_attn.py)."""
+    import torch
+
+    p = Path(path)
+    if p.is_dir():
+        p = p / "tests" / "test_flash_attn.py"
+    if not p.is_file():
+        raise UsageError(f"--tests: {path}: no such file; give flash-attention's tests/test_flash_attn.py "
+                         "(or a checkout that holds it)")
+    try:
+        import einops
+    except ImportError:
+        raise UsageError("--tests: flash-attn's reference needs einops: pip install einops") from None
+    try:
+        tree = ast.parse(p.read_text(encoding="utf-8"), filename=str(p))
+    except (SyntaxError, UnicodeDecodeError, OSError) as exc:
+        raise UsageError(f"--tests: {p}: cannot be read as Python ({type(exc).__name__})") from None
+    ns: dict[str, Any] = {"torch": torch, "math": math, "rearrange": einops.rearrange, "repeat": einops.repeat,
+                          "F": torch.nn.functional}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name in REFERENCE:
+            exec(compile(ast.Module([node], []), str(p), "exec"), ns)
+    missing = [n for n in REFERENCE if n not in ns]
+    if missing:
+        raise UsageError(f"--tests: {p} defines no {', '.join(missing)}: is it flash-attention's "
+                         "tests/test_flash_attn.py?")
+    ns["__file__"], ns["__sha256__"] = str(p), hashlib.sha256(p.read_bytes()).hexdigest()
+    return ns
+
+
+def _errors(out: Any, grads: tuple[Any, ...], ref: tuple[Any, ...], low: tuple[Any, ...]) -> dict[str, list[float]]:
+    """name -> [error, allowed] under flash-attn's rule."""
+    def e(a: Any, b: Any) -> float:
+        return (a.float() - b.float()).abs().max().item()
+
+    names = ("out", "dq", "dk", "dv")
+    return {n: [round(e(a, r), 5), round((2 if n == "out" else 3) * e(lo, r) + 1e-5, 5)]
+            for n, a, r, lo in zip(names, (out, *grads), ref, low, strict=True)}
+
+
+def run_case(case: Case, ref: dict[str, Any], backends: list[str], device: str) -> dict[str, Any]:
+    """One case: the references once, then each backend (AUTO = attention()'s pick) forward and backward."""
+    import torch
+    from einops import rearrange
+
+    from attnkit.runtime.attention import attention
+    from attnkit.runtime.select import NoBackendError
+
+    torch.random.manual_seed(0)
+    dt = getattr(torch, case.dtype)
+    b, h, hk = 4, 6, HEADS[case.heads]
+    q = torch.randn(b, case.sq, h, case.d, device=device, dtype=dt, requires_grad=True)
+    k = torch.randn(b, case.sk, hk, case.d, device=device, dtype=dt, requires_grad=True)
+    v = torch.randn(b, case.sk, hk, case.d, device=device, dtype=dt, requires_grad=True)
+    window = tuple(int(x) for x in torch.randint(0, case.sk, (2,))) if case.local else (-1, -1)
+    qmask: Any = None
+    kmask: Any = None
+    if case.layout == "varlen":
+        qmask = ref["generate_random_padding_mask"](case.sq, b, device, mode="random")
+        kmask = ref["generate_random_padding_mask"](case.sk, b, device, mode="random")
+    slopes = torch.rand(b, h, device=device, dtype=torch.float32) * 0.3 if case.alibi else None
+    bias = (ref["attn_bias_from_alibi_slopes"](slopes, case.sq, case.sk, qmask, kmask, causal=case.causal)
+            if case.alibi else None)
+    kw = {"attn_bias": bias, "causal": case.causal, "window_size": window, "softcap": case.softcap}
+    out_ref, _ = ref["attention_ref"](q, k, v, qmask, kmask, **kw)
+    out_low, _ = ref["attention_ref"](q, k, v, qmask, kmask, **kw, upcast=False, reorder_ops=True)
+    g = torch.randn_like(out_ref)
+    if qmask is not None:
+        g = g.masked_fill(rearrange(~qmask, "b s -> b s 1 1"), 0.0)
+    grads_ref = torch.autograd.grad(out_ref, (q, k, v), g)
+    grads_low = torch.autograd.grad(out_low, (q, k, v), g)
+    ours: dict[str, Any] = {"causal": case.causal, "window": window if case.local else None, "alibi_slopes": slopes,
+            "softcap": case.softcap}
+
+    def call(backend: str | None) -> Any:
+        if qmask is None:
+            return attention(q, k, v, backend=backend, **ours)
+        iq, ik = qmask.flatten().nonzero().flatten(), kmask.flatten().nonzero().flatten()
+        cq = torch.nn.functional.pad(qmask.sum(-1).cumsum(0), (1, 0)).to(torch.int32)
+        ck = torch.nn.functional.pad(kmask.sum(-1).cumsum(0), (1, 0)).to(torch.int32)
+        o = attention(q.reshape(b * case.sq, h, case.d).index_select(0, iq),
+                      k.reshape(b * case.sk, hk, case.d).index_select(0, ik),
+                      v.reshape(b * case.sk, hk, case.d).index_select(0, ik), backend=backend,
+                      cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=int(qmask.sum(-1).max()),
+                      max_seqlen_k=int(kmask.sum(-1).max()), **ours)
+        return torch.zeros(b * case.sq, h, case.d, device=device, dtype=o.dtype).index_copy(0, iq, o).reshape(
+            b, case.sq, h, case.d)
+
+    results: dict[str, Any] = {}
+    for name in backends:
+        try:
+            out = call(None if name == AUTO else name)
+            grads = torch.autograd.grad(out, (q, k, v), g)
+        except NoBackendError as exc:
+            lines = str(exc).splitlines()
+            results[name] = {"outcome": "refused", "reason": lines[-1].split(": ", 1)[-1] if len(lines) > 1 else lines[0]}
+            continue
+        except Exception as exc:  # a backend that claims a case and then raises has failed it
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            results[name] = {"outcome": "fail", "error": f"{type(exc).__name__}: {first}"}
+            continue
+        errs = _errors(out, grads, (out_ref, *grads_ref), (out_low, *grads_low))
+        over = {n: ea for n, ea in errs.items() if not ea[0] <= ea[1]}
+        results[name] = {"outcome": "fail", "over": over} if over else {"outcome": "pass"}
+        if name == AUTO:
+            results[name]["selected"] = _selected(q, k, v, ours, qmask, kmask, case)
+    return {"case": case.tag, "results": results}
+
+
+def _selected(q: Any, k: Any, v: Any, ours: dict[str, Any], qmask: Any, kmask: Any, case: Case) -> str:
+    """The backend attention() picked (the first candidate; a run-time fallback is not followed)."""
+    from attnkit.runtime.call import Inputs
+    from attnkit.runtime.select import select
+
+    if qmask is None:
+        inp = Inputs(q, k, v, **ours)
+    else:
+        import torch
+
+        cq = torch.nn.functional.pad(qmask.sum(-1).cumsum(0), (1, 0)).to(torch.int32)
+        ck = torch.nn.functional.pad(kmask.sum(-1).cumsum(0), (1, 0)).to(torch.int32)
+        inp = Inputs(q.new_empty(int(cq[-1]), q.shape[2], q.shape[3]).requires_grad_(),
+                     k.new_empty(int(ck[-1]), k.shape[2], k.shape[3]), v.new_empty(int(ck[-1]), v.shape[2], v.shape[3]),
+                     cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=int(qmask.sum(-1).max()),
+                     max_seqlen_k=int(kmask.sum(-1).max()), **ours)
+    try:
+        return select(inp.describe()).name
+    except Exception as exc:
+        return f"? {type(exc).__name__}"
+
+
+def counts(cases: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for c in cases:
+        for name, r in c["results"].items():
+            row = out.setdefault(name, {"pass": 0, "fail": 0, "refused": 0})
+            row[r["outcome"]] += 1
+    return out
+
+
+def run_oracle(tests: str, out: str | None = None, budget: float = 600.0, shard: tuple[int, int] | None = None,
+               backends: list[str] | None = None, words: list[str] | None = None, quiet: bool = False) -> int:
+    """Run the grid (or a shard of it) within `budget` seconds; 1 if any backend answered a case wrongly."""
+    import torch
+
+    from attnkit._io import write_atomic
+    from attnkit.runtime.backends import REGISTRY
+    from attnkit.runtime.probe import probe
+
+    ref = load_reference(tests)
+    for name in backends or []:
+        if name not in REGISTRY and name != AUTO:
+            raise UsageError(f"--backend: unknown backend {name!r}; known: {', '.join([AUTO, *REGISTRY])}")
+    p = probe()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    wanted = backends or [AUTO, *REGISTRY]
+    unavailable = {n: REGISTRY[n].unavailable(p) for n in wanted if n != AUTO}
+    run = [n for n in wanted if n == AUTO or not unavailable[n]]
+    cases = select_cases(grid(), shard, words)
+    if device == "cpu":  # a dry run: small cases a CPU does in seconds
+        cases = [c for c in cases if c.sq <= 128 and c.sk <= 256 and c.d in (32, 59) and c.dtype == "float16"]
+    t0, done, skipped = time.monotonic(), [], 0
+    for case in cases:
+        if time.monotonic() - t0 > budget:
+            skipped += 1
+            continue
+        done.append(run_case(case, ref, run, device))
+    doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "tests_file": ref["__file__"],
+           "tests_sha256": ref["__sha256__"], "torch": torch.__version__, "device": device,
+           "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
+           "rule": "output error <= 2x, gradient errors <= 3x the error of PyTorch's low-precision math "
+                   "(flash-attn's tests), both against the fp32 reference",
+           "shard": list(shard) if shard else None, "filter": words, "budget_s": budget,
+           "seconds": round(time.monotonic() - t0, 1), "grid_cases": len(cases), "skipped_budget": skipped,
+           "unavailable": {n: r for n, r in unavailable.items() if r}, "counts": counts(done), "cases": done}
+    if out:
+        write_atomic(Path(out), json.dumps(doc, indent=1))
+    _print(doc, quiet, out)
+    return 1 if any(r["fail"] for r in doc["counts"].values()) else 0
+
+
+def merge(paths: list[str], out: str | None, quiet: bool = False) -> int:
+    """Shard reports -> one report (cases by tag, counts recomputed); 1 if any case failed."""
+    from attnkit._io import write_atomic
+
+    docs = []
+    for path in paths:
+        try:
+            docs.append(json.loads(Path(path).read_text(encoding="utf-8")))
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--merge: {path}: not a readable oracle report ({type(exc).__name__})") from None
+        if not isinstance(docs[-1], dict) or not isinstance(docs[-1].get("cases"), list):
+            raise UsageError(f"--merge: {path}: not an oracle report (no 'cases' list)")
+    cases = list({c["case"]: c for d in docs for c in d["cases"]}.values())
+    doc = {**{k: v for k, v in docs[0].items() if k not in ("cases", "counts", "shard")},
+           "merged": [{"shard": d.get("shard"), "seconds": d.get("seconds"), "cases": len(d["cases"]),
+                       "skipped_budget": d.get("skipped_budget")} for d in docs],
+           "seconds": max(d.get("seconds", 0) for d in docs), "skipped_budget": sum(d.get("skipped_budget", 0) for d in docs),
+           "counts": counts(cases), "cases": cases}
+    if out:
+        write_atomic(Path(out), json.dumps(doc, indent=1))
+    _print(doc, quiet, out)
+    return 1 if any(r["fail"] for r in doc["counts"].values()) else 0
+
+
+def _print(doc: dict[str, Any], quiet: bool, out: str | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(width=150, quiet=quiet)
+    table = Table(title=f"flash-attn's test grid: {len(doc['cases'])} cases run, {doc['skipped_budget']} left by the "
+                        f"budget, {doc['seconds']} s")
+    for col in ("backend", "pass", "fail", "refused"):
+        table.add_column(col)
+    for name, row in doc["counts"].items():
+        table.add_row(name, str(row["pass"]), f"[red]{row['fail']}[/red]" if row["fail"] else "0", str(row["refused"]))
+    con.print(table)
+    for name, why in doc.get("unavailable", {}).items():
+        con.print(f"  {name}: not run here ({'; '.join(why)})")
+    for c in doc["cases"]:
+        for name, r in c["results"].items():
+            if r["outcome"] == "fail":
+                con.print(f"[red]WRONG[/red] {name}: {c['case']}: {r.get('over') or r.get('error')}")
+    if out:
+        con.print(f"wrote {out}")
+
+
+__all__ = ["AUTO", "Case", "grid", "load_reference", "merge", "run_oracle", "select_cases"]

@@ -1,0 +1,81 @@
+"""The cuDNN output-gradient layout fix (issue 21): torch 2.11's cuDNN attention backward returned wrong gradients
+when dO's strides differed from the output's (docs/cudnn-grad-layout.md). attnkit hands that kernel a dO laid out
+like its output; on CPU this is checked with a stand-in op that records the layout its backward receives."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from attnkit.runtime.backends._sdpa import cudnn_backward_possible, grad_like_output  # noqa: E402
+from attnkit.runtime.call import Inputs  # noqa: E402
+from attnkit.runtime.smoke import _other_layout  # noqa: E402
+
+SEEN: list[tuple[int, ...]] = []
+
+
+class _Kernel(torch.autograd.Function):
+    """Identity whose backward records the strides of the gradient it is handed (as cuDNN's backward sees dO)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any) -> Any:
+        return x.clone(memory_format=torch.preserve_format)
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> Any:
+        SEEN.append(tuple(g.stride()))
+        return g
+
+
+def _out() -> tuple[Any, Any]:
+    x = torch.randn(2, 5, 3, 4).transpose(1, 2).requires_grad_(True)  # (B, H, S, D) view of (B, S, H, D)
+    return x, _Kernel.apply(x)
+
+
+def test_the_kernel_sees_a_gradient_laid_out_like_its_output() -> None:
+    SEEN.clear()
+    x, out = _out()
+    g = torch.randn(out.shape)  # contiguous (B, H, S, D): not the output's layout
+    (gx,) = torch.autograd.grad(out, x, g)
+    assert SEEN[-1] != tuple(out.stride())  # negative control: without the fix the layouts differ
+    x, out = _out()
+    guarded = grad_like_output(out)
+    (gx2,) = torch.autograd.grad(guarded, x, g)
+    assert SEEN[-1] == tuple(out.stride())
+    assert torch.equal(gx, gx2)  # the values are untouched
+
+
+def test_a_gradient_already_laid_out_like_the_output_is_not_copied() -> None:
+    x, out = _out()
+    g = torch.empty_like(out).copy_(torch.randn(out.shape))
+    seen = []
+    guarded = grad_like_output(out)
+    guarded.register_hook(lambda t: seen.append(t.data_ptr()))
+    SEEN.clear()
+    torch.autograd.grad(guarded, x, g)
+    assert SEEN[-1] == tuple(out.stride())
+
+
+def test_which_calls_get_the_fix() -> None:
+    def call(**kw: Any) -> Any:
+        q = torch.randn(1, 8, 2, 16, requires_grad=kw.pop("grad", True))
+        return Inputs(q, q, q, **kw).describe()
+
+    train = call()
+    cuda_train = train.__class__(**{**train.__dict__, "device": "cuda"})
+    assert cudnn_backward_possible(cuda_train, None) and cudnn_backward_possible(cuda_train, "CUDNN_ATTENTION")
+    assert not cudnn_backward_possible(cuda_train, "EFFICIENT_ATTENTION")
+    assert not cudnn_backward_possible(train, None)  # CPU: no cuDNN
+    infer = call(grad=False)
+    assert not cudnn_backward_possible(infer.__class__(**{**infer.__dict__, "device": "cuda"}), None)
+    traced = cuda_train.__class__(**{**cuda_train.__dict__, "trace": "compile"})
+    assert not cudnn_backward_possible(traced, None)
+
+
+def test_smoke_checks_a_second_gradient_layout() -> None:
+    for t in (torch.randn(2, 7, 3, 4), torch.randn(9, 3, 4)):
+        o = _other_layout(t)
+        assert torch.equal(o, t) and o.stride() != t.stride()

@@ -1,0 +1,120 @@
+"""`attnkit oracle`: the harness (grid, shards, reference loading, rule, report, merge) on the CPU, with attnkit's
+own stand-in reference file; the H200 run with flash-attention's own file is docs/results/2026-12-01-h200-oracle.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("einops")
+
+from attnkit.errors import UsageError  # noqa: E402
+from attnkit.runtime import oracle  # noqa: E402
+from attnkit.runtime.backends import REGISTRY, Limits  # noqa: E402
+from attnkit.runtime.backends.sdpa_math import SdpaMath  # noqa: E402
+
+REF = str(Path(__file__).parent / "fixtures" / "oracle" / "test_flash_attn.py")
+ONE = "dense,mha,causal=True,local=False,alibi=False,d=32,sq=113,sk=203"
+
+
+def test_grid_is_flash_attns_output_grid_plus_softcap() -> None:
+    cases = oracle.grid()
+    assert len(cases) == 5760 + 288
+    assert len({c.tag for c in cases}) == len(cases)
+    assert sum(c.softcap > 0 for c in cases) == 288
+    # interleaved: the first seventh already holds every layout, dtype, head layout and flag
+    first = cases[: len(cases) // 7]
+    for attr in ("layout", "dtype", "heads", "causal", "local", "alibi", "d"):
+        assert {getattr(c, attr) for c in first} == {getattr(c, attr) for c in cases}, attr
+
+
+def test_shards_partition_the_grid_by_kernel_configuration() -> None:
+    cases = oracle.grid()
+    parts = [oracle.select_cases(cases, (i, 3), None) for i in (1, 2, 3)]
+    assert sum(map(len, parts)) == len(cases)
+    tags = [{c.tag for c in p} for p in parts]
+    assert not (tags[0] & tags[1] or tags[1] & tags[2] or tags[0] & tags[2])
+    groups = [{c.group for c in p} for p in parts]
+    assert not (groups[0] & groups[1] or groups[1] & groups[2])  # no kernel configuration is in two shards
+
+
+def test_reference_loading_errors_name_the_file(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="no such file"):
+        oracle.load_reference(str(tmp_path / "nope.py"))
+    other = tmp_path / "test_other.py"
+    other.write_text("def attention_ref():\n    pass\n")
+    with pytest.raises(UsageError, match="defines no construct_local_mask"):
+        oracle.load_reference(str(other))
+    bad = tmp_path / "bad.py"
+    bad.write_bytes(b"\xff\xfe def")
+    with pytest.raises(UsageError, match="cannot be read as Python"):
+        oracle.load_reference(str(bad))
+    checkout = tmp_path / "flash-attention"
+    (checkout / "tests").mkdir(parents=True)
+    (checkout / "tests" / "test_flash_attn.py").write_text(Path(REF).read_text())
+    assert callable(oracle.load_reference(str(checkout))["attention_ref"])  # a checkout works too
+
+
+def test_cpu_run_passes_and_writes_a_report(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    rc = oracle.run_oracle(REF, out=str(out), backends=["attnkit", "sdpa_math", "sdpa_flash"], words=ONE.split(","),
+                           quiet=True)
+    doc = json.loads(out.read_text())
+    assert rc == 0
+    assert doc["counts"]["attnkit"]["pass"] == doc["counts"]["sdpa_math"]["pass"] == len(doc["cases"]) >= 1
+    refused = doc["cases"][0]["results"]["sdpa_flash"]
+    assert refused["outcome"] == "refused" and "cuda" in refused["reason"]  # the backend's own reason
+    assert doc["cases"][0]["results"]["attnkit"]["selected"]
+
+
+class _Wrong(SdpaMath):
+    """A backend that claims the case and answers 10% off: the oracle must call it wrong, not pass it."""
+
+    name = "wrong_for_test"
+    limits = Limits(devices=frozenset({"cpu"}), dtypes=frozenset({"float16"}), gqa="native")
+
+    def bind(self, call: Any, p: Any, q: Any, k: Any, v: Any) -> Any:
+        run = super().bind(call, p, q, k, v)
+        return lambda q, k, v: run(q, k, v) * 1.1
+
+
+def test_a_wrong_backend_is_reported_and_fails_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(REGISTRY, _Wrong.name, _Wrong())
+    out = tmp_path / "r.json"
+    rc = oracle.run_oracle(REF, out=str(out), backends=[_Wrong.name, "sdpa_math"], words=ONE.split(","), quiet=True)
+    doc = json.loads(out.read_text())
+    assert rc == 1
+    assert doc["counts"][_Wrong.name]["fail"] == len(doc["cases"]) and doc["counts"]["sdpa_math"]["fail"] == 0
+    assert "out" in doc["cases"][0]["results"][_Wrong.name]["over"]
+
+
+def test_merge_joins_shards_and_recounts(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    oracle.run_oracle(REF, out=str(a), backends=["sdpa_math"], words=[*ONE.split(","), "float16"], quiet=True)
+    oracle.run_oracle(REF, out=str(b), backends=["sdpa_math"], words=["dense", "gqa", "causal=False", "local=True", "alibi=True", "d=59", "sq=108"], quiet=True)
+    merged = tmp_path / "m.json"
+    assert oracle.merge([str(a), str(b), str(a)], str(merged), quiet=True) == 0
+    doc = json.loads(merged.read_text())
+    n = len(json.loads(a.read_text())["cases"]) + len(json.loads(b.read_text())["cases"])
+    assert len(doc["cases"]) == n and doc["counts"]["sdpa_math"]["pass"] == n  # a repeated shard is not counted twice
+    (tmp_path / "junk.json").write_text("[]")
+    with pytest.raises(UsageError, match=r"junk\.json"):
+        oracle.merge([str(tmp_path / "junk.json")], None, quiet=True)
+
+
+def test_cli_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from attnkit.cli import main
+
+    for argv, word in ((["oracle"], "--tests"), (["oracle", "--tests", REF, "--shard", "5/4"], "--shard"),
+                       (["oracle", "--tests", REF, "--budget", "nan"], "--budget")):
+        try:
+            code = main(argv)
+        except SystemExit as exc:  # argparse's own errors exit
+            code = exc.code
+        assert code == 2
+        err = capsys.readouterr().err.strip()
+        assert word in err and "Traceback" not in err
