@@ -16,16 +16,18 @@ from __future__ import annotations
 import hashlib
 import html
 import json
+import re
 import shutil
 import tempfile
 import urllib.parse
+import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from packaging.utils import canonicalize_name, parse_wheel_filename
-from packaging.version import Version
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
 
-from attnkit.errors import AttnkitError
+from attnkit.errors import AttnkitError, UsageError
 from attnkit.matrix import naming
 from attnkit.wheels.accept import verification_path
 from attnkit.wheels.retag import metadata_bytes, parse_metadata
@@ -52,37 +54,104 @@ def local_label(filename: str) -> str:
     return version.partition("+")[2]
 
 
+SITE_MARKER = ".attnkit-site"  # in every site `index build` writes: the only kind of folder it replaces
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}", flags=re.ASCII)  # a cell id, a key: one path part
+
+
+def _safe_part(value: object, what: str, where: str) -> str:
+    """A name read from a file, checked before it becomes part of a path (no '/', '..', or control chars)."""
+    if not isinstance(value, str) or not _SAFE_NAME.fullmatch(value) or ".." in value:
+        raise AttnkitError(f"{where}: {what} {str(value)[:80]!r} is not a plain name (letters, digits, '.', '_', "
+                           "'+', '-'; no '/' or '..')")
+    return value
+
+
+def check_base_url(base_url: str | None) -> str | None:
+    """--base-url must be an http(s) URL: it is written into every link of the site."""
+    if base_url is None:
+        return None
+    parts = urllib.parse.urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.netloc or any(c in base_url for c in "\"\'<> \n\r\t"):
+        raise UsageError(f"--base-url: {base_url[:80]!r} is not an http(s) URL (e.g. "
+                         "https://github.com/ORG/REPO/releases/download/TAG/)")
+    return base_url
+
+
+def check_out(src: Path, out: Path) -> None:
+    """Refuse an --out that would destroy what is not a site of ours, or that overlaps the wheel folder."""
+    src, out = src.resolve(), out.resolve()
+    if out == src or out in src.parents or src in out.parents:
+        raise UsageError(f"--out: {out} overlaps the wheel folder {src}; give a folder of its own (e.g. {src.parent / 'site'})")
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise UsageError(f"--out: {out} exists and is not a folder; give a new folder or a site attnkit wrote")
+    if out.is_dir() and any(out.iterdir()) and not (out / SITE_MARKER).is_file():
+        raise UsageError(f"--out: {out} is a folder with files that attnkit did not write (no {SITE_MARKER}); "
+                         "give an empty or new folder, or a site written by `attnkit index build`")
+
+
+def _clean_stale_stages(out: Path, keep: Path) -> None:
+    """Stage folders a killed run left beside `out` (marked as ours, so nothing else is touched)."""
+    for stale in out.parent.glob(f".{out.name}.*"):
+        if stale != keep and stale.is_dir() and not stale.is_symlink() and (stale / SITE_MARKER).is_file():
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _report(vp: Path) -> dict[str, object]:
+    try:
+        rep = json.loads(vp.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        raise AttnkitError(f"{vp}: not valid JSON") from None
+    except OSError as exc:
+        raise AttnkitError(f"{vp}: cannot be read ({exc.strerror or type(exc).__name__})") from None
+    if not isinstance(rep, dict):
+        raise AttnkitError(f"{vp}: not a verification report (expected a JSON object)")
+    problems = rep.get("problems", [])
+    if not isinstance(problems, list) or not all(isinstance(x, str) for x in problems):
+        raise AttnkitError(f"{vp}: 'problems' must be a list of strings")
+    if not isinstance(rep.get("ok"), bool):
+        raise AttnkitError(f"{vp}: 'ok' must be true or false, is {rep.get('ok')!r}")
+    _safe_part(rep.get("cell"), "cell", str(vp))
+    return rep
+
+
 def collect(src: Path) -> list[Entry]:
     if not src.is_dir():
         raise AttnkitError(f"{src}: not a directory of wheels")
-    wheels = sorted(src.glob("*.whl"))
+    wheels = sorted(w for w in src.glob("*.whl") if not w.name.startswith("."))
     if not wheels:
         raise AttnkitError(f"{src}: no .whl files")
     entries = []
     for w in wheels:
+        if not w.is_file() or w.is_symlink():
+            raise AttnkitError(f"{w}: not a wheel file (a folder or a link)")
         vp = verification_path(w)
         if not vp.is_file():
             raise AttnkitError(f"{w.name}: no verification report {vp.name}; run `attnkit wheels verify` first")
-        try:
-            rep = json.loads(vp.read_text())
-        except ValueError:
-            raise AttnkitError(f"{vp}: not valid JSON") from None
-        if not rep.get("ok"):
-            raise AttnkitError(f"{w.name}: its verification failed ({'; '.join(rep.get('problems', []))})")
+        rep = _report(vp)
+        if not rep["ok"]:
+            raise AttnkitError(f"{w.name}: its verification failed ({'; '.join(rep.get('problems', []))})")  # type: ignore[arg-type]
         data = w.read_bytes()
         sha = hashlib.sha256(data).hexdigest()
         if sha != rep.get("sha256"):
             raise AttnkitError(f"{w.name}: sha256 {sha} is not the verified {rep.get('sha256')}; the file changed "
                                f"after verification")
+        try:
+            name, version, _, _ = parse_wheel_filename(w.name)
+        except (InvalidWheelFilename, InvalidVersion) as exc:
+            raise AttnkitError(f"{w.name}: not a valid wheel file name ({exc})") from None
         key = local_label(w.name)
+        if key:
+            _safe_part(key, "local version label", w.name)
         if not key:
             raise AttnkitError(f"{w.name}: no local version label (+cu13torch2.11cxx11abiTRUE); only wheels named by "
                                f"attnkit's pipeline are indexed, one index per label")
-        name, version, _, _ = parse_wheel_filename(w.name)
-        meta = metadata_bytes(w)
-        rp = parse_metadata(meta).get("Requires-Python", [None])[0]
+        try:
+            meta = metadata_bytes(w)
+            rp = parse_metadata(meta).get("Requires-Python", [None])[0]
+        except (zipfile.BadZipFile, KeyError, UnicodeDecodeError, OSError) as exc:
+            raise AttnkitError(f"{w.name}: not a readable wheel ({type(exc).__name__}: {str(exc)[:120]})") from None
         meta_sha = hashlib.sha256(meta).hexdigest()
-        entries.append(Entry(canonicalize_name(name), w.name, str(version), key, sha, meta_sha, rp, rep["cell"],
+        entries.append(Entry(canonicalize_name(name), w.name, str(version), key, sha, meta_sha, rp, str(rep["cell"]),
                              len(data)))
     return entries
 
@@ -154,11 +223,18 @@ def build_index(src: Path, out: Path, base_url: str | None = None, site_url: str
     copied to out/files/ and linked relatively; with it, links point to `base_url + filename` (release assets),
     and the `.metadata` files in out/files/ must be uploaded beside them (PEP 658 puts them at the wheel's URL
     + '.metadata'). `site_url`: where the site will be served, for absolute URLs in the landing page."""
+    base_url = check_base_url(base_url)
+    check_out(src, out)
     entries = collect(src)
     out = out.resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as exc:
+        raise AttnkitError(f"--out: {out}: cannot be written ({exc.strerror or type(exc).__name__})") from None
+    try:
+        (stage / SITE_MARKER).write_text("written by attnkit index build; replaced as a whole by the next build\n")
+        _clean_stale_stages(out, stage)
         keys: dict[str, list[Entry]] = {}
         cells: dict[str, list[Entry]] = {}
         for e in entries:
@@ -191,9 +267,8 @@ def build_index(src: Path, out: Path, base_url: str | None = None, site_url: str
         (stage / "keys.json").write_text(json.dumps(table, indent=1))
         (stage / "index.json").write_text(json.dumps([asdict(e) for e in entries], indent=1))
         old = None
-        if out.exists():
-            old = out.parent / f".{out.name}.old"
-            shutil.rmtree(old, ignore_errors=True)
+        if out.exists():  # check_out made sure it is empty or a site of ours; swapped out, never merged into
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
             out.replace(old)
         stage.replace(out)
         if old is not None:
