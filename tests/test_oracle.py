@@ -118,3 +118,12 @@ def test_cli_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> No
         assert code == 2
         err = capsys.readouterr().err.strip()
         assert word in err and "Traceback" not in err
+
+
+def test_cpu_varlen_cases_go_through_the_packed_path(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    words = ["varlen", "gqa", "causal=True", "local=False", "alibi=True", "d=32"]
+    assert oracle.run_oracle(REF, out=str(out), backends=["attnkit", "sdpa"], words=words, quiet=True) == 0
+    doc = json.loads(out.read_text())
+    assert doc["cases"] and doc["counts"]["attnkit"]["pass"] == len(doc["cases"])
+    assert all(c["results"]["attnkit"]["selected"] in REGISTRY for c in doc["cases"])

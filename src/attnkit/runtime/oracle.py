@@ -128,6 +128,7 @@ def run_case(case: Case, ref: dict[str, Any], backends: list[str], device: str) 
     from einops import rearrange
 
     from attnkit.runtime.attention import attention
+    from attnkit.runtime.call import Inputs
     from attnkit.runtime.select import NoBackendError
 
     torch.random.manual_seed(0)
@@ -156,18 +157,27 @@ def run_case(case: Case, ref: dict[str, Any], backends: list[str], device: str) 
     ours: dict[str, Any] = {"causal": case.causal, "window": window if case.local else None, "alibi_slopes": slopes,
             "softcap": case.softcap}
 
+    packed: dict[str, Any] = {}
+    if qmask is not None:  # the packing, worked out once per case (each backend gets its own graph through it)
+        packed = {"iq": qmask.flatten().nonzero().flatten(), "ik": kmask.flatten().nonzero().flatten(),
+                  "cu_seqlens_q": torch.nn.functional.pad(qmask.sum(-1).cumsum(0), (1, 0)).to(torch.int32),
+                  "cu_seqlens_k": torch.nn.functional.pad(kmask.sum(-1).cumsum(0), (1, 0)).to(torch.int32),
+                  "max_seqlen_q": int(qmask.sum(-1).max()), "max_seqlen_k": int(kmask.sum(-1).max())}
+
+    def inputs() -> Inputs:
+        if not packed:
+            return Inputs(q, k, v, **ours)
+        lens = {n: packed[n] for n in ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")}
+        return Inputs(q.reshape(b * case.sq, h, case.d).index_select(0, packed["iq"]),
+                      k.reshape(b * case.sk, hk, case.d).index_select(0, packed["ik"]),
+                      v.reshape(b * case.sk, hk, case.d).index_select(0, packed["ik"]), **lens, **ours)
+
     def call(backend: str | None) -> Any:
-        if qmask is None:
-            return attention(q, k, v, backend=backend, **ours)
-        iq, ik = qmask.flatten().nonzero().flatten(), kmask.flatten().nonzero().flatten()
-        cq = torch.nn.functional.pad(qmask.sum(-1).cumsum(0), (1, 0)).to(torch.int32)
-        ck = torch.nn.functional.pad(kmask.sum(-1).cumsum(0), (1, 0)).to(torch.int32)
-        o = attention(q.reshape(b * case.sq, h, case.d).index_select(0, iq),
-                      k.reshape(b * case.sk, hk, case.d).index_select(0, ik),
-                      v.reshape(b * case.sk, hk, case.d).index_select(0, ik), backend=backend,
-                      cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=int(qmask.sum(-1).max()),
-                      max_seqlen_k=int(kmask.sum(-1).max()), **ours)
-        return torch.zeros(b * case.sq, h, case.d, device=device, dtype=o.dtype).index_copy(0, iq, o).reshape(
+        inp = inputs()
+        o = attention(inp.q, inp.k, inp.v, backend=backend, **{n: getattr(inp, n) for n in (*ours, *packed) if n[0] != "i"})
+        if not packed:
+            return o
+        return torch.zeros(b * case.sq, h, case.d, device=device, dtype=o.dtype).index_copy(0, packed["iq"], o).reshape(
             b, case.sq, h, case.d)
 
     results: dict[str, Any] = {}
@@ -187,29 +197,17 @@ def run_case(case: Case, ref: dict[str, Any], backends: list[str], device: str) 
         over = {n: ea for n, ea in errs.items() if not ea[0] <= ea[1]}
         results[name] = {"outcome": "fail", "over": over} if over else {"outcome": "pass"}
         if name == AUTO:
-            results[name]["selected"] = _selected(q, k, v, ours, qmask, kmask, case)
+            results[name]["selected"] = _selected(inputs())
     return {"case": case.tag, "results": results}
 
 
-def _selected(q: Any, k: Any, v: Any, ours: dict[str, Any], qmask: Any, kmask: Any, case: Case) -> str:
+def _selected(inp: Any) -> str:
     """The backend attention() picked (the first candidate; a run-time fallback is not followed)."""
-    from attnkit.runtime.call import Inputs
     from attnkit.runtime.select import select
 
-    if qmask is None:
-        inp = Inputs(q, k, v, **ours)
-    else:
-        import torch
-
-        cq = torch.nn.functional.pad(qmask.sum(-1).cumsum(0), (1, 0)).to(torch.int32)
-        ck = torch.nn.functional.pad(kmask.sum(-1).cumsum(0), (1, 0)).to(torch.int32)
-        inp = Inputs(q.new_empty(int(cq[-1]), q.shape[2], q.shape[3]).requires_grad_(),
-                     k.new_empty(int(ck[-1]), k.shape[2], k.shape[3]), v.new_empty(int(ck[-1]), v.shape[2], v.shape[3]),
-                     cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=int(qmask.sum(-1).max()),
-                     max_seqlen_k=int(kmask.sum(-1).max()), **ours)
     try:
         return select(inp.describe()).name
-    except Exception as exc:
+    except Exception as exc:  # reported, not raised: the run itself already went through
         return f"? {type(exc).__name__}"
 
 
