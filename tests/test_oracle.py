@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("einops")
 
 from attnkit.errors import UsageError  # noqa: E402
 from attnkit.runtime import oracle  # noqa: E402

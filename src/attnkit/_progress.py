@@ -4,6 +4,7 @@ stays for the command's result."""
 
 from __future__ import annotations
 
+import http.client
 import re
 import subprocess
 import sys
@@ -93,9 +94,14 @@ def download(url: str, dest: Path, what: str, *, timeout: float = 120) -> Path:
                 elif time.monotonic() - last >= _LINE_EVERY_S:
                     last = time.monotonic()
                     _say(f"{what}: {done / 2**20:.0f}" + (f"/{total / 2**20:.0f}" if total else "") + " MiB")
-    except OSError as exc:
+        if total is not None and done < total:
+            raise AttnkitError(f"{what}: the download of {url} was cut short ({done} of {total} bytes)")
+    except http.client.IncompleteRead:  # the server closed early: say so, not "hash mismatch" later
         tmp.unlink(missing_ok=True)
-        raise AttnkitError(f"{what}: cannot download {url} ({exc})") from None
+        raise AttnkitError(f"{what}: the download of {url} was cut short") from None
+    except (OSError, http.client.HTTPException) as exc:
+        tmp.unlink(missing_ok=True)
+        raise AttnkitError(f"{what}: cannot download {url} ({type(exc).__name__}: {exc})") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -16,3 +16,22 @@ class AttnkitError(Exception):
 
 class UsageError(AttnkitError):
     """The command line itself is wrong (a missing or malformed argument): exit status 2, like argparse."""
+
+
+def torch_import_failure(error: str) -> str:
+    """A one-line diagnosis of why an installed torch does not import: the broken library or symbol, and what
+    usually causes it. `error` is "ExceptionType: message" from the failed `import torch`."""
+    import re
+
+    first = (error.strip().splitlines() or ["unknown error"])[0][:300]
+    lib = re.search(r"(lib[\w.+-]+\.so[\w.]*): cannot open shared object file", first)
+    if lib:
+        return (f"torch is installed but does not import: {lib.group(1)} is missing ({first}); likely cause: the "
+                "CUDA/cuDNN libraries torch was built against are not installed (reinstall torch with its nvidia-* "
+                "dependencies, or use the torch build for your CUDA)")
+    sym = re.search(r"undefined symbol: (\S+)", first)
+    if sym:
+        return (f"torch is installed but does not import: undefined symbol {sym.group(1)} ({first}); likely cause: a "
+                "library built for another torch or CUDA version (torch/CUDA mismatch, or an extension wheel built "
+                "for another torch)")
+    return f"torch is installed but does not import: {first}"

@@ -59,9 +59,12 @@ def report(p: Probe | None = None, deep: bool = True) -> dict[str, Any]:
     p = p or probe()
     imported = import_deferred(p) if deep else {}
     device = "cuda" if p.has_gpu and p.torch is not None and p.torch.cuda_available else "cpu"
-    backends = {name: {"available": not b.unavailable(p), "reasons": b.unavailable(p)} for name, b in REGISTRY.items()}
+    backends = {}
+    for name, b in REGISTRY.items():  # "available" = can run on this machine's device, with the reason when not
+        why = b.unavailable(p) or _device_reason(b, device)
+        backends[name] = {"available": not why, "reasons": why}
     shapes: dict[str, Any] = {}
-    for label, call in standard_calls(device).items():
+    for label, call in (standard_calls(device).items() if p.torch is not None else ()):
         row = order_for(call, p.capability(call.device_index) if device == "cuda" else None)[1]
         try:
             chosen = SELECTOR.select(call, p).name
@@ -69,12 +72,20 @@ def report(p: Probe | None = None, deep: bool = True) -> dict[str, Any]:
         except NoBackendError as exc:
             shapes[label] = {"call": call.describe(), "backend": None, "error": str(exc).splitlines()[0]}
     fast = [n for n, b in backends.items() if b["available"] and n != "sdpa_math"]
-    healthy = (not p.has_gpu) or bool(fast and any(s["backend"] not in (None, "sdpa_math") for s in shapes.values()))
+    healthy = p.torch_error is None and ((not p.has_gpu) or bool(
+        fast and any(s["backend"] not in (None, "sdpa_math") for s in shapes.values())))
     doc: dict[str, Any] = {"probe": p.to_dict(), "device": device, "backends": backends, "shapes": shapes, "healthy": healthy}
     for lib in doc["probe"]["libraries"]:
         if lib["name"] in imported:
             lib.update(imported[lib["name"]], checked=True)
     return doc
+
+
+def _device_reason(b: Any, device: str) -> list[str]:
+    limits = b.limits if not isinstance(b.limits, tuple) else b.limits[0].limits
+    if device in limits.devices:
+        return []
+    return [f"runs on {'/'.join(sorted(limits.devices))}; this machine runs attention on {device}"]
 
 
 def run_doctor(as_json: bool = False) -> int:
@@ -89,7 +100,7 @@ def run_doctor(as_json: bool = False) -> int:
     pr = rep["probe"]
     t = pr["torch"]
     con.print(f"[bold]attnkit doctor[/bold]  Python {pr['python']} ({pr['platform']}), "
-              f"torch {t['version'] if t else 'not installed'}"
+              f"torch {t['version'] if t else ('BROKEN' if pr['torch_error'] else 'not installed')}"
               + (f" (CUDA {t['cuda']}, cuDNN {t['cudnn']}, cxx11abi {t['cxx11_abi']})" if t else ""))
     gpus = pr["gpus"]
     if gpus:
@@ -99,7 +110,7 @@ def run_doctor(as_json: bool = False) -> int:
     else:
         con.print("GPU: none visible")
     for note in pr["notes"]:
-        con.print(f"note: {note}")
+        con.print(f"[red]{note}[/red]" if pr["torch_error"] and note.startswith(pr["torch_error"]) else f"note: {note}")
     libs = Table(title="attention libraries")
     for col in ("library", "version", "installed", "loads", "detail", "error"):
         libs.add_column(col)
@@ -124,7 +135,12 @@ def run_doctor(as_json: bool = False) -> int:
     st.add_column("selection row")
     for label, s in rep["shapes"].items():
         st.add_row(label, s["call"], s["backend"] or f"[red]none[/red] {s.get('error', '')}", s.get("row", ""))
-    con.print(st)
+    if rep["shapes"]:
+        con.print(st)
+    else:
+        con.print("selection: no attention backend can run without a working torch")
+    if pr["torch_error"]:
+        return 1
     if not rep["healthy"]:
         con.print("[red]this machine has a GPU but no fast attention backend works[/red]")
         return 1

@@ -66,6 +66,7 @@ class Probe:
     libraries: tuple[Library, ...]
     source: str  # "nvml", "torch" or "none": where GPU facts came from
     notes: tuple[str, ...] = field(default_factory=tuple)
+    torch_error: str | None = None  # torch is installed but `import torch` failed: the diagnosis
 
     @property
     def has_gpu(self) -> bool:
@@ -117,10 +118,16 @@ def _nvml() -> tuple[str | None, tuple[GPU, ...]] | None:
             pynvml.nvmlShutdown()
 
 
-def _torch_info() -> TorchInfo | None:
+def _torch_info() -> TorchInfo | str | None:
+    """torch's facts; None when it is not installed; the one-line diagnosis when it is but does not import."""
     if importlib.util.find_spec("torch") is None:
         return None
-    import torch
+    try:
+        import torch
+    except Exception as exc:  # a broken install (missing libcudnn, undefined symbol): the case a doctor is for
+        from attnkit.errors import torch_import_failure
+
+        return torch_import_failure(f"{type(exc).__name__}: {exc}")
 
     cudnn = None
     try:
@@ -261,8 +268,12 @@ def probe() -> Probe:
     """Probe once per process; the result is immutable."""
     notes: list[str] = []
     nv = _nvml()
-    t = _torch_info()
-    if t is None:
+    info = _torch_info()
+    t = info if isinstance(info, TorchInfo) else None
+    torch_error = info if isinstance(info, str) else None
+    if torch_error is not None:
+        notes.append(f"{torch_error}: no attention backend can run")
+    elif t is None:
         notes.append("torch is not installed: no attention backend can run")
     if nv is not None:
         driver, gpus = nv
@@ -292,4 +303,5 @@ def probe() -> Probe:
         libraries=_libraries(t is not None),
         source=source,
         notes=tuple(notes),
+        torch_error=torch_error,
     )

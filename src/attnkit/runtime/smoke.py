@@ -210,7 +210,8 @@ def run_smoke(report: str | None = None, backends: list[str] | None = None, case
     con = Console(width=160, quiet=quiet)
     p = probe()
     if p.torch is None:
-        checks = [{"backend": b, "outcome": "skipped", "reason": "torch is not installed: no attention backend can run"}
+        why = p.torch_error or "torch is not installed"
+        checks = [{"backend": b, "outcome": "skipped", "reason": f"{why}: no attention backend can run"}
                   for b in backends or [*REGISTRY, AUTO]]
     else:
         device = "cuda" if p.has_gpu and p.torch.cuda_available else "cpu"
@@ -236,9 +237,16 @@ def run_smoke(report: str | None = None, backends: list[str] | None = None, case
               f"{counts.get('skipped', 0)} skipped (with reasons)")
     con.print("  " + "; ".join(f"{b}: " + ", ".join(f"{n} {o}" for o, n in sorted(r.items()))
                               for b, r in by_backend.items()))
+    for reason, n in sorted(skipped.items(), key=lambda kv: -kv[1]):  # one line per reason, with its count
+        con.print(f"  skipped {n}x: {reason}")
     if report:
         doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "counts": counts,
                "by_backend": by_backend, "skipped_reasons": skipped, "doctor": doctor_report(), "checks": checks}
         write_atomic(Path(report), json.dumps(doc, indent=1, default=str))
         con.print(f"wrote {report}")
-    return 1 if counts.get("failed") else 0
+    if counts.get("failed"):
+        return 1
+    if not counts.get("passed"):  # a gate that checked nothing must not pass
+        con.print("[red]smoke: no check ran on this machine[/red]")
+        return 1
+    return 0

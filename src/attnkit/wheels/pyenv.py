@@ -49,6 +49,7 @@ class PyEnv:
     has_pip: bool = True
     torch_dist: str | None = None  # the installed distribution's version: PyPI's cu130 torch says "2.11.0"
     #                                 there and "2.11.0+cu130" in torch.__version__
+    torch_error: str | None = None  # `import torch` failed there: "ExceptionType: message"
 
     @property
     def torch_minor(self) -> str | None:
@@ -60,6 +61,10 @@ class PyEnv:
     def index_key(self) -> str:
         """The key of the wheel index that fits this environment (naming.index_key of its torch)."""
         if self.torch is None or self.torch_minor is None:
+            if self.torch_error and "No module named 'torch'" not in self.torch_error:
+                from attnkit.errors import torch_import_failure
+
+                raise AttnkitError(f"{self.executable}: {torch_import_failure(self.torch_error)}")
             raise AttnkitError(f"{self.executable}: torch is not installed; install your cell's torch first")
         if not self.torch_cuda:
             raise AttnkitError(f"{self.executable}: torch {self.torch} is a CPU build; attnkit's wheels need CUDA "
@@ -82,7 +87,7 @@ def describe(python: str = sys.executable) -> PyEnv:
     except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
         raise AttnkitError(f"--python {python}: cannot run it to read its torch ({exc})") from None
     return PyEnv(d["executable"], d["python"], d["machine"], d.get("torch"), d.get("torch_cuda"), d.get("cxx11_abi"),
-                 tuple(d["tags"]), bool(d["has_pip"]), d.get("torch_dist"))
+                 tuple(d["tags"]), bool(d["has_pip"]), d.get("torch_dist"), d.get("torch_error"))
 
 
 def cell_mismatches(env: PyEnv, cell: Cell) -> list[str]:

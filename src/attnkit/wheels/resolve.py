@@ -26,6 +26,7 @@ from packaging.version import Version
 from attnkit._progress import download
 from attnkit.errors import AttnkitError
 from attnkit.matrix import naming
+from attnkit.wheels import protect
 from attnkit.wheels.pyenv import PyEnv, describe
 
 
@@ -82,12 +83,16 @@ def listing(simple: str, project: str) -> list[Candidate]:
     parser = _Links()
     parser.feed(text)
     out = []
+    page_scheme = urllib.parse.urlsplit(page).scheme
     for href in parser.hrefs:
+        scheme = urllib.parse.urlsplit(href).scheme.lower()
+        if scheme not in ("", "http", "https") or (scheme and page_scheme not in ("http", "https")):
+            continue  # only http(s) links, or links relative to the index (a file:// link in a page is not)
         url, _, frag = urllib.parse.urljoin(page, href).partition("#")
         fname = urllib.parse.unquote(url.rsplit("/", 1)[-1])
         if not fname.endswith(".whl"):
             continue
-        sha = frag.split("=", 1)[1] if frag.startswith("sha256=") else None
+        sha = frag.split("=", 1)[1].lower() if frag.startswith("sha256=") else None
         out.append(Candidate(fname, url, sha, parse_wheel_filename(fname)[1]))
     return out
 
@@ -178,22 +183,32 @@ def _failure(output: str) -> str:
 
 def install(c: Candidate, project: str, env: PyEnv, deps: bool = True) -> str:
     """Install `c` into `env` with its dependencies, torch pinned to the installed build; returns the tool
-    used. Afterwards the environment is read again: its torch must be the one it had."""
+    used. Before: the wheel must not write into another distribution's packages (protect.py). After: torch's
+    version and every file its RECORD lists must be as they were."""
     held = env.torch_dist or env.torch
     assert held is not None
     with tempfile.TemporaryDirectory(prefix="attnkit-install-") as tmp:
         wheel = _fetch_checked(c, Path(tmp))
+        torch_before = protect.check_no_foreign_writes(wheel, project, env.executable)
         constraints = Path(tmp) / "constraints.txt"
         constraints.write_text(f"torch=={held}\n")  # the installed distribution: never change the user's torch
         cmd = installer_command(env, wheel, constraints, deps)
         r = subprocess.run(cmd, capture_output=True, text=True, check=False)
     tool = "pip" if env.has_pip else "uv"
+    torch_files, half = protect.torch_after(env.executable, project)
     if r.returncode != 0:
         why = _failure(r.stderr + "\n" + r.stdout)
         if re.search(r"\btorch\b", why):
             why += f" (attnkit holds torch at the installed {held})"
+        if half:  # pip's own rollback did not run: say exactly what is left
+            why += f"; it left {', '.join(half)} without a RECORD (pip cannot uninstall it): remove that folder"
         raise AttnkitError(f"{tool} install {c.filename} failed: {why}")
+    changed = protect.changed_files(torch_before, torch_files)
+    if changed:
+        raise AttnkitError(f"{tool} changed {len(changed)} of torch's files while installing {c.filename} "
+                           f"({', '.join(changed[:3])}); reinstall torch {held}")
     after = describe(env.executable)
     if (after.torch_dist, after.torch) != (env.torch_dist, env.torch):
-        raise AttnkitError(f"{tool} changed torch from {held} to {after.torch_dist} while installing {c.filename}")
+        raise AttnkitError(f"{tool} changed torch from {env.torch} (distribution {env.torch_dist}) to {after.torch} "
+                           f"(distribution {after.torch_dist}) while installing {c.filename}")
     return tool

@@ -141,7 +141,7 @@ class Backend:
     def unavailable(self, probe: Probe) -> list[str]:
         """Reasons this backend cannot run on this machine at all (library missing, torch too old)."""
         if probe.torch is None:
-            return ["torch is not installed"]
+            return [probe.torch_error or "torch is not installed"]
         if self.library is not None:
             lib = probe.library(self.library)
             if lib is None or not lib.installed:
