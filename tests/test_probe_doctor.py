@@ -72,7 +72,7 @@ def test_xformers_loads_next_to_the_flash_attn_namespace_of_flash_attn_4(tmp_pat
     import importlib.util
     import sys
 
-    from attnkit.runtime.backends import xformers as xf
+    from attnkit.runtime import loaders as xf
 
     (tmp_path / "flash_attn" / "cute").mkdir(parents=True)  # FA4's namespace package, no __init__.py
     (tmp_path / "flash_attn" / "cute" / "__init__.py").write_text("")

@@ -332,8 +332,8 @@ def test_flash_attn4_is_found_without_importing_it_and_a_failed_import_is_rememb
     import importlib
     import sys
 
+    from attnkit.runtime import loaders
     from attnkit.runtime import probe as probe_mod
-    from attnkit.runtime.backends import flash_attn4
 
     site = tmp_path / "site"
     (site / "flash_attn" / "cute").mkdir(parents=True)
@@ -344,10 +344,10 @@ def test_flash_attn4_is_found_without_importing_it_and_a_failed_import_is_rememb
     (info / "RECORD").write_text("")
     monkeypatch.syspath_prepend(str(site))
     importlib.invalidate_caches()
-    monkeypatch.setattr(flash_attn4, "_state", {})
+    monkeypatch.setattr(loaders, "FA4_STATE", {})
     monkeypatch.setenv("ATTNKIT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv(flash_attn4.ENV_CACHE_DIR, raising=False)
-    monkeypatch.delenv(flash_attn4.ENV_CACHE_ENABLED, raising=False)
+    monkeypatch.delenv(loaders.FA4_CACHE_DIR, raising=False)
+    monkeypatch.delenv(loaders.FA4_CACHE_ENABLED, raising=False)
 
     libs = {lib.name: lib for lib in probe_mod._libraries(with_torch=True)}
     fa4 = libs["flash-attn-4"]
@@ -357,22 +357,22 @@ def test_flash_attn4_is_found_without_importing_it_and_a_failed_import_is_rememb
     backend = REGISTRY["flash_attn4"]
     assert backend.check(call(), p) == []  # provisionally available: nothing imported yet
     with pytest.raises(RuntimeError, match=r"flash_attn\.cute does not import: ImportError: libcute_dsl_runtime\.so"):
-        flash_attn4.load()
+        loaders.load_fa4()
     # the kernel cache was pointed into attnkit's cache folder before the import
-    assert flash_attn4.kernel_cache_dir() == tmp_path / "cache" / "flash-attn-4"
+    assert loaders.fa4_kernel_cache_dir() == tmp_path / "cache" / "flash-attn-4"
     assert backend.check(call(), p) == ["flash_attn.cute does not import: ImportError: libcute_dsl_runtime.so: cannot open"]
     (site / "flash_attn" / "cute" / "__init__.py").write_text("")  # fixed on disk: still not retried this process
     with pytest.raises(RuntimeError, match="does not import"):
-        flash_attn4.load()
+        loaders.load_fa4()
     assert sel.SELECTOR.select(call(window=(64, 0)), p).name == "sdpa_cudnn"
     for name in ("flash_attn.cute", "flash_attn"):
         sys.modules.pop(name, None)
 
 
 def test_flash_attn4_cache_respects_the_users_own_variables(tmp_path, monkeypatch):
-    from attnkit.runtime.backends import flash_attn4
+    from attnkit.runtime import loaders
 
-    monkeypatch.setenv(flash_attn4.ENV_CACHE_DIR, str(tmp_path / "mine"))
-    assert flash_attn4.kernel_cache_dir() == tmp_path / "mine"
-    monkeypatch.setenv(flash_attn4.ENV_CACHE_ENABLED, "0")
-    assert flash_attn4.kernel_cache_dir() is None
+    monkeypatch.setenv(loaders.FA4_CACHE_DIR, str(tmp_path / "mine"))
+    assert loaders.fa4_kernel_cache_dir() == tmp_path / "mine"
+    monkeypatch.setenv(loaders.FA4_CACHE_ENABLED, "0")
+    assert loaders.fa4_kernel_cache_dir() is None

@@ -305,7 +305,7 @@ def _library_call(lib: str, c: Case) -> Callable[[], Any] | None:
     s, q, k, v = c.s, c.q, c.k, c.v
     scale = 1.0 / math.sqrt(s.head_dim)
     if lib == "flash_attn4":
-        from attnkit.runtime.backends.flash_attn4 import load
+        from attnkit.runtime.loaders import load_fa4 as load
 
         fa = load()
         kw: dict[str, Any] = {"causal": s.causal}
@@ -327,7 +327,7 @@ def _library_call(lib: str, c: Case) -> Callable[[], Any] | None:
     if lib == "xformers":
         if s.window is not None or s.heads != s.kv_heads:
             return None  # no bias class for our windows; GQA needs its 5-D form
-        from attnkit.runtime.backends.xformers import load_fmha
+        from attnkit.runtime.loaders import load_fmha
 
         fmha = load_fmha()
         if s.lengths is not None:

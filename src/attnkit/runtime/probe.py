@@ -198,7 +198,7 @@ def _probe_xformers(row: LibraryRow) -> Library:
             err = getattr(cpp, "_cpp_library_load_exception", None)
             return Library("xformers", "xformers", version, True, False,
                            error=_short(err) if err else "C++/CUDA extension did not load")
-        from attnkit.runtime.backends.xformers import load_fmha
+        from attnkit.runtime.loaders import load_fmha
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

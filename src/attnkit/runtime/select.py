@@ -33,8 +33,12 @@ def priority_for(call: AttentionCall, probe: Probe) -> tuple[str, ...]:
 
 
 def explain(call: AttentionCall, probe: Probe, names: list[str] | None = None) -> dict[str, list[str]]:
-    """name -> reasons it cannot serve `call` ([] = it can), for every backend (or `names`)."""
-    return {n: REGISTRY[n].check(call, probe) for n in (names or list(REGISTRY))}
+    """name -> reasons it cannot serve `call` ([] = it can), for every backend (or `names`), in the order
+    selection tries them for this call, then the backends it does not try."""
+    if names is None:
+        order = priority_for(call, probe)
+        names = [*order, *(n for n in REGISTRY if n not in order)]
+    return {n: REGISTRY[n].check(call, probe) for n in names}
 
 
 def _format_all(call: AttentionCall, why: dict[str, list[str]], head: str) -> str:

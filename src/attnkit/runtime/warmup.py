@@ -177,7 +177,7 @@ def run_warmup(shapes: list[WarmupShape], report: str | None = None, dry_run: bo
     from rich.table import Table
 
     from attnkit._io import write_atomic
-    from attnkit.runtime.backends.flash_attn4 import import_seconds, kernel_cache_dir
+    from attnkit.runtime.loaders import fa4_import_seconds, fa4_kernel_cache_dir
     from attnkit.runtime.probe import probe
 
     p = probe()
@@ -188,7 +188,7 @@ def run_warmup(shapes: list[WarmupShape], report: str | None = None, dry_run: bo
     rows: list[dict[str, Any]] = []
     t_all = time.perf_counter()
     if not dry_run and any(_planned(s, p) == "flash_attn4" for s in shapes):
-        from attnkit.runtime.backends.flash_attn4 import load
+        from attnkit.runtime.loaders import load_fa4 as load
 
         load()  # its ~3-5 s import is reported on its own, not inside the first shape's time
     for s in shapes:
@@ -196,10 +196,10 @@ def run_warmup(shapes: list[WarmupShape], report: str | None = None, dry_run: bo
             rows.append({"shape": s.name(), "backend": _planned(s, p), "first_call_s": None, "second_call_s": None})
         else:
             rows.append(warm_one(s, "cuda"))
-    cache = kernel_cache_dir()
+    cache = fa4_kernel_cache_dir()
     doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "dry_run": dry_run,
            "gpu": p.gpus[0].name if p.gpus else None, "total_s": round(time.perf_counter() - t_all, 3),
-           "flash_attn4_import_s": import_seconds(), "flash_attn4_kernel_cache": str(cache) if cache else None,
+           "flash_attn4_import_s": fa4_import_seconds(), "flash_attn4_kernel_cache": str(cache) if cache else None,
            "flash_attn4_cached_files": sum(1 for f in cache.rglob("*") if f.is_file()) if cache and cache.exists() else 0,
            "shapes": rows}
     if report:

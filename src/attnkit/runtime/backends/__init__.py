@@ -1,27 +1,28 @@
-"""The backend registry: every backend attnkit knows, by name. One module per backend."""
+"""The backend registry: every backend attnkit knows, by name. One module per backend, imported when first
+used (registry.py); `register()` adds one from outside."""
 
 from __future__ import annotations
 
 from attnkit.runtime.backends.base import ArchLimits, Backend, Limits, Runner, reasons
-from attnkit.runtime.backends.cudnn_ragged import CudnnRagged
-from attnkit.runtime.backends.flash_attn2 import FlashAttn2
-from attnkit.runtime.backends.flash_attn3 import FlashAttn3
-from attnkit.runtime.backends.flash_attn4 import FlashAttn4
-from attnkit.runtime.backends.sdpa import Sdpa
-from attnkit.runtime.backends.sdpa_cpu import SdpaCpu
-from attnkit.runtime.backends.sdpa_cudnn import SdpaCudnn
-from attnkit.runtime.backends.sdpa_cudnn_varlen import SdpaCudnnVarlen
-from attnkit.runtime.backends.sdpa_efficient import SdpaEfficient
-from attnkit.runtime.backends.sdpa_flash import SdpaFlash
-from attnkit.runtime.backends.sdpa_math import SdpaMath
-from attnkit.runtime.backends.torch_varlen import TorchVarlen
-from attnkit.runtime.backends.xformers import Xformers
+from attnkit.runtime.backends.registry import Registry
 from attnkit.runtime.call import Params  # re-exported: what a backend gets besides the call
 
-REGISTRY: dict[str, Backend] = {
-    b.name: b
-    for b in (SdpaCudnn(), CudnnRagged(), SdpaCudnnVarlen(), FlashAttn4(), FlashAttn3(), FlashAttn2(), SdpaFlash(),
-              Sdpa(), TorchVarlen(), Xformers(), SdpaEfficient(), SdpaCpu(), SdpaMath())
-}
+_M = "attnkit.runtime.backends."
+REGISTRY = Registry({
+    "sdpa_cudnn": _M + "sdpa_cudnn:SdpaCudnn",
+    "cudnn_ragged": _M + "cudnn_ragged:CudnnRagged",
+    "sdpa_cudnn_varlen": _M + "sdpa_cudnn_varlen:SdpaCudnnVarlen",
+    "flash_attn4": _M + "flash_attn4:FlashAttn4",
+    "flash_attn3": _M + "flash_attn3:FlashAttn3",
+    "flash_attn2": _M + "flash_attn2:FlashAttn2",
+    "sdpa_flash": _M + "sdpa_flash:SdpaFlash",
+    "sdpa": _M + "sdpa:Sdpa",
+    "torch_varlen": _M + "torch_varlen:TorchVarlen",
+    "xformers": _M + "xformers:Xformers",
+    "sdpa_efficient": _M + "sdpa_efficient:SdpaEfficient",
+    "sdpa_cpu": _M + "sdpa_cpu:SdpaCpu",
+    "sdpa_math": _M + "sdpa_math:SdpaMath",
+})
+register = REGISTRY.register
 
-__all__ = ["REGISTRY", "ArchLimits", "Backend", "Limits", "Params", "Runner", "reasons"]
+__all__ = ["REGISTRY", "ArchLimits", "Backend", "Limits", "Params", "Registry", "Runner", "reasons", "register"]

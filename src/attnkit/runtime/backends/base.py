@@ -31,10 +31,7 @@ class Limits:
     gqa: Literal["native", "expand"] = "native"  # expand = k/v heads are materialised to q's count
     padded: bool = True  # serves (batch, seqlen, ...) calls
     varlen: Literal["native", "padded", "no"] = "no"  # padded = unpack, mask, repack
-    varlen_same_lengths_only: bool = False  # varlen only when cu_seqlens_q == cu_seqlens_k
-    varlen_causal_more_queries: bool = True  # varlen causal where a sequence has more queries than keys
     causal: bool = True
-    causal_unequal: bool = True  # bottom-right causal when seqlen_q != seqlen_k
     window: bool = False
     alibi: bool = False
     bias: bool = False
@@ -99,17 +96,10 @@ def reasons(limits: Limits | tuple[ArchLimits, ...], call: AttentionCall,
         out.append("needs v's head_dim equal to q's")
     if call.varlen and limits.varlen == "no":
         out.append("no varlen (cu_seqlens) support")
-    if call.varlen and limits.varlen_same_lengths_only and not call.varlen_same:
-        out.append("varlen only with cu_seqlens_q == cu_seqlens_k (self-attention)")
-    if (call.varlen and call.causal and not limits.varlen_causal_more_queries
-            and any(lq > lk for lq, lk in zip(call.lengths_q or (), call.lengths_k or (), strict=True))):
-        out.append("varlen causal only when every sequence has at least as many keys as queries")
     if not call.varlen and not limits.padded:
         out.append("serves only varlen (cu_seqlens) calls")
     if call.causal and not limits.causal:
         out.append("no causal support")
-    if call.causal and call.seqlen_q != call.seqlen_k and not limits.causal_unequal:
-        out.append("causal only when seqlen_q == seqlen_k (no bottom-right alignment)")
     if call.window is not None and not limits.window:
         out.append("no sliding-window support")
     if call.alibi and not limits.alibi:
@@ -158,12 +148,17 @@ class Backend:
         long the process's import took, in seconds."""
         return None
 
+    def extra_reasons(self, call: AttentionCall, capability: tuple[int, int] | None) -> list[str]:
+        """Reasons of this backend's own, beyond the common Limits (as xformers' operators extend
+        not_supported_reasons): a fact only one backend has stays in that backend."""
+        return []
+
     def check(self, call: AttentionCall, probe: Probe) -> list[str]:
         why = self.unavailable(probe)
         if why:
             return why
         cap = probe.capability(call.device_index) if call.device == "cuda" else None
-        return reasons(self.limits, call, cap)
+        return reasons(self.limits, call, cap) + self.extra_reasons(call, cap)
 
     def run(self, q: Any, k: Any, v: Any, call: AttentionCall, p: Params) -> Any:
         """One call, nothing reused (the smoke and the bench's forced candidates go through bind() too)."""

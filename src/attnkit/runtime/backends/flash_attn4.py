@@ -22,63 +22,15 @@ then compiles once per machine (seconds) instead of once per process.
 
 from __future__ import annotations
 
-import os
-import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
+from attnkit.runtime import loaders
 from attnkit.runtime.backends.base import ArchLimits, Backend, Limits, Runner
 from attnkit.runtime.call import AttentionCall, Params
 
-ENV_CACHE_ENABLED = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
-ENV_CACHE_DIR = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
-MODULE = "flash_attn.cute"
-
 _COMMON = Limits(dtypes=frozenset({"float16", "bfloat16"}), head_dim_multiple=8, gqa="native", varlen="native",
                  window=True, softcap=True)
-
-_state: dict[str, Any] = {}  # "module", "import_s" or "error": the one import attempt of this process
-
-
-def kernel_cache_dir() -> Path | None:
-    """Where FA4 keeps compiled kernels: its own variable if set, else attnkit's cache folder; None when the
-    user switched FA4's cache off."""
-    from attnkit._io import cache_dir
-
-    if os.environ.get(ENV_CACHE_ENABLED, "1") != "1":
-        return None
-    return Path(os.environ.get(ENV_CACHE_DIR) or cache_dir() / "flash-attn-4")
-
-
-def load() -> Any:
-    """Import flash_attn.cute once per process, its kernel cache set up first. Raises RuntimeError (so
-    attention() falls back) with the import's own error; a failed import is not retried."""
-    if "module" in _state:
-        return _state["module"]
-    if "error" in _state:
-        raise RuntimeError(_state["error"])
-    cache = kernel_cache_dir()
-    if cache is not None:  # FA4 reads both variables when its cache module is imported: set them first
-        os.environ.setdefault(ENV_CACHE_ENABLED, "1")
-        os.environ.setdefault(ENV_CACHE_DIR, str(cache))
-    t0 = time.perf_counter()
-    try:
-        import importlib
-
-        module = importlib.import_module(MODULE)
-    except Exception as exc:
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
-        _state["error"] = f"{MODULE} does not import: {type(exc).__name__}: {first}"
-        raise RuntimeError(_state["error"]) from exc
-    _state["import_s"] = time.perf_counter() - t0
-    _state["module"] = module
-    return module
-
-
-def import_seconds() -> float | None:
-    return _state.get("import_s")
-
 
 class FlashAttn4(Backend):
     name = "flash_attn4"
@@ -91,14 +43,14 @@ class FlashAttn4(Backend):
     )
 
     def extra_unavailable(self, probe: Any) -> list[str]:
-        return [_state["error"]] if "error" in _state else []
+        return [loaders.FA4_STATE["error"]] if "error" in loaders.FA4_STATE else []
 
     def import_library(self) -> float | None:
-        load()
-        return import_seconds()
+        loaders.load_fa4()
+        return loaders.fa4_import_seconds()
 
     def bind(self, call: AttentionCall, p: Params, q: Any, k: Any, v: Any) -> Runner:
-        fa = load()
+        fa = loaders.load_fa4()
         kw: dict[str, Any] = {"softmax_scale": p.scale, "causal": call.causal}
         if p.window is not None:  # attnkit's -1 (unbounded) is FA4's None; both align bottom-right
             kw["window_size"] = tuple(None if w < 0 else w for w in p.window)

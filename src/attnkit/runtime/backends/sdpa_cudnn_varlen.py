@@ -55,9 +55,13 @@ class SdpaCudnnVarlen(Backend):
         gqa="native",
         padded=False,
         varlen="native",
-        varlen_same_lengths_only=True,
         dropout=True,
     )
+
+    def extra_reasons(self, call: AttentionCall, capability: tuple[int, int] | None) -> list[str]:
+        # buckets are padded per sequence; top-left is_causal is exact only when queries and keys line up
+        return [] if not call.varlen or call.varlen_same else [
+            "varlen only with cu_seqlens_q == cu_seqlens_k (self-attention)"]
 
     def extra_unavailable(self, probe: Any) -> list[str]:
         from attnkit.runtime.backends.sdpa_cudnn import SdpaCudnn

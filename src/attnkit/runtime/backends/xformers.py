@@ -8,35 +8,12 @@ sequence ("Expected `num_keys >= num_queries`")."""
 
 from __future__ import annotations
 
-import functools
-import importlib
-import importlib.util
 from typing import Any
 
 from attnkit.runtime import layout
 from attnkit.runtime.backends.base import Backend, Limits
 from attnkit.runtime.call import AttentionCall, Params
-
-
-@functools.cache
-def load_fmha() -> Any:
-    """Import xformers.ops.fmha. Its flash module imports flash-attn 2 whenever `find_spec("flash_attn")` finds
-    a package, and fails (No module named 'flash_attn.flash_attn_interface') when that package is only the
-    namespace FlashAttention-4 installs (flash_attn/cute): seen on the H200 with xformers 0.0.35 next to
-    flash-attn-4 4.0.0b36. Without flash-attn 2, xformers is meant to use torch's own flash kernel, so for
-    that one import attnkit tells it the truth: flash-attn 2 is not installed."""
-    if importlib.util.find_spec("flash_attn_2_cuda") is not None:  # flash-attn 2 is there: nothing to hide
-        return importlib.import_module("xformers.ops.fmha")
-    real = importlib.util.find_spec
-
-    def without_namespace(name: str, package: str | None = None) -> Any:
-        return None if name == "flash_attn" else real(name, package)
-
-    importlib.util.find_spec = without_namespace  # type: ignore[assignment]
-    try:
-        return importlib.import_module("xformers.ops.fmha")
-    finally:
-        importlib.util.find_spec = real
+from attnkit.runtime.loaders import load_fmha
 
 
 class Xformers(Backend):
@@ -49,11 +26,17 @@ class Xformers(Backend):
         head_dim_v_differs=True,
         gqa="native",
         varlen="native",
-        varlen_causal_more_queries=False,
         bias=True,
         alibi=True,
         dropout=True,
     )
+
+    def extra_reasons(self, call: AttentionCall, capability: tuple[int, int] | None) -> list[str]:
+        # its block-diagonal bottom-right causal mask: "Expected `num_keys >= num_queries`"
+        if call.varlen and call.causal and any(
+                lq > lk for lq, lk in zip(call.lengths_q or (), call.lengths_k or (), strict=True)):
+            return ["varlen causal only when every sequence has at least as many keys as queries"]
+        return []
 
     def compute(self, q: Any, k: Any, v: Any, call: AttentionCall, p: Params) -> Any:
         fmha = load_fmha()
