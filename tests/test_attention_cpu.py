@@ -167,7 +167,7 @@ def test_bad_input_raises_valueerror_naming_the_argument(make, expect):
 
 
 def test_fast_path_reuses_decision():
-    from attnkit.runtime.attention import _FAST
+    from attnkit.runtime.dispatch import _DENSE as _FAST
 
     _FAST.clear()
     q = torch.randn(1, 8, 2, 16)
@@ -184,7 +184,7 @@ def test_cached_call_is_the_plain_sdpa_call_with_no_context_manager(monkeypatch)
     import torch.nn.attention as tna
     import torch.nn.functional as F
 
-    from attnkit.runtime.attention import _FAST
+    from attnkit.runtime.dispatch import _DENSE as _FAST
 
     _FAST.clear()
     seen: list[dict] = []
@@ -196,7 +196,7 @@ def test_cached_call_is_the_plain_sdpa_call_with_no_context_manager(monkeypatch)
     for _ in range(3):
         out = attnkit.attention(q, k, k, causal=True)
     assert seen == [{"enable_gqa": True, "is_causal": True}] * 3
-    assert next(iter(_FAST.values()))[1].name == "sdpa_cpu"
+    assert next(iter(_FAST.values())).backend.name == "sdpa_cpu"
     torch.testing.assert_close(out.double(), reference_attention(q, k, k, causal=True), atol=1e-5, rtol=1e-5)
 
 
@@ -240,7 +240,7 @@ def test_decode_causal_is_no_mask_and_window_under_causal_keeps_its_left_side():
 
 def test_window_mask_is_built_once_per_shape(monkeypatch):
     from attnkit.runtime import layout
-    from attnkit.runtime.attention import _FAST
+    from attnkit.runtime.dispatch import _DENSE as _FAST
 
     _FAST.clear()
     layout.cached_mask.cache_clear()
@@ -325,7 +325,7 @@ def test_bucketed_varlen_matches_reference(causal):
 
 
 def test_varlen_fast_path_is_keyed_by_cu_seqlens_identity_and_version():
-    from attnkit.runtime.attention import _FAST_VARLEN
+    from attnkit.runtime.dispatch import _VARLEN as _FAST_VARLEN
 
     _FAST_VARLEN.clear()
     torch.manual_seed(5)

@@ -164,7 +164,7 @@ def test_runtime_fallback_demotes_once_and_warns(monkeypatch):
     import torch
 
     import attnkit
-    from attnkit.runtime import attention as attn_mod
+    from attnkit.runtime import dispatch
 
     class Exploding(Backend):
         name = "sdpa_cpu"
@@ -176,7 +176,7 @@ def test_runtime_fallback_demotes_once_and_warns(monkeypatch):
             raise RuntimeError("No execution plans support the graph.")
 
     monkeypatch.setitem(REGISTRY, "sdpa_cpu", Exploding())
-    attn_mod._FAST.clear()
+    dispatch.invalidate()
     q = torch.randn(1, 8, 2, 16)
     with pytest.warns(RuntimeWarning, match="backend sdpa_cpu failed at run time.*No execution plans"):
         out = attnkit.attention(q, q, q, causal=True)
@@ -186,14 +186,14 @@ def test_runtime_fallback_demotes_once_and_warns(monkeypatch):
     for _ in range(3):  # remembered: the failing backend is not tried again for this bucket
         attnkit.attention(q, q, q, causal=True)
     assert Exploding.calls == 1
-    attn_mod._FAST.clear()
+    dispatch.invalidate()
 
 
 def test_explicit_backend_does_not_fall_back(monkeypatch):
     import torch
 
     import attnkit
-    from attnkit.runtime import attention as attn_mod
+    from attnkit.runtime import dispatch
 
     class Exploding(Backend):
         name = "sdpa_cpu"
@@ -203,11 +203,11 @@ def test_explicit_backend_does_not_fall_back(monkeypatch):
             raise RuntimeError("boom")
 
     monkeypatch.setitem(REGISTRY, "sdpa_cpu", Exploding())
-    attn_mod._FAST.clear()
+    dispatch.invalidate()
     with pytest.raises(RuntimeError, match="boom"):
         attnkit.attention(torch.randn(1, 4, 1, 8), torch.randn(1, 4, 1, 8), torch.randn(1, 4, 1, 8),
                           backend="sdpa_cpu")
-    attn_mod._FAST.clear()
+    dispatch.invalidate()
 
 
 def test_autotune_picks_fastest_and_persists(tmp_path):

@@ -11,17 +11,19 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # pragma: no cover
     from attnkit.runtime.attention import attention, pack, unpack
+    from attnkit.runtime.dispatch import bind
     from attnkit.runtime.probe import probe
 
 _LAZY = {
     "attention": "attnkit.runtime.attention",
+    "bind": "attnkit.runtime.dispatch",
     "pack": "attnkit.runtime.attention",
     "unpack": "attnkit.runtime.attention",
     "probe": "attnkit.runtime.probe",
     "select": "attnkit.runtime.select",
 }
 
-__all__ = ["__version__", "attention", "pack", "probe", "select", "unpack"]
+__all__ = ["__version__", "attention", "bind", "pack", "probe", "select", "unpack"]
 
 
 def __getattr__(name: str) -> Any:

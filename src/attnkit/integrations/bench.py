@@ -41,7 +41,7 @@ def train_steps(layers: int, tokens: int, batch: int, iters: int) -> dict[str, A
     import transformers
 
     import attnkit.integrations.transformers  # noqa: F401  (registers "attnkit")
-    from attnkit.runtime import attention as A
+    from attnkit.runtime import dispatch
 
     config = transformers.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
                                       num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=4,
@@ -88,7 +88,7 @@ def train_steps(layers: int, tokens: int, batch: int, iters: int) -> dict[str, A
             except Exception as exc:
                 out["absent"][name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
         if impl == "attnkit":
-            out["attnkit_backends"] = sorted({b.name for _, b, _ in A._FAST.values()})
+            out["attnkit_backends"] = sorted({b.backend.name for b in dispatch.bound_calls()})
     ms = out["steps_ms"]
     base = ms.get("sdpa eager")
     if base:
@@ -138,8 +138,9 @@ def kernels_in_graph() -> dict[str, Any]:
 def cuda_graph_decode(replays: int) -> dict[str, Any]:
     import torch
 
-    from attnkit.runtime.attention import attention, clear_cache
+    from attnkit.runtime.attention import attention
     from attnkit.runtime.backends import REGISTRY
+    from attnkit.runtime.dispatch import invalidate as clear_cache
     from attnkit.runtime.probe import probe
 
     b, h, hk, d, cache = 8, 32, 8, 128, 4096

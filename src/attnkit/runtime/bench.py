@@ -456,7 +456,8 @@ def dispatch_overhead(device: str, n: int = 2000) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
-    from attnkit.runtime.attention import _FAST, attention
+    from attnkit.runtime import dispatch
+    from attnkit.runtime.attention import attention
 
     dt = torch.bfloat16 if device == "cuda" else torch.float32
     q = torch.randn(1, 16, 2, 64, device=device, dtype=dt)
@@ -479,7 +480,8 @@ def dispatch_overhead(device: str, n: int = 2000) -> dict[str, Any]:
 
     with torch.no_grad():
         via()
-        backend = next(b.name for key, (_, b, _) in _FAST.items() if key[0] == q.shape)
+        backend = next(b.backend.name for b in dispatch.bound_calls() if b.call.batch == q.shape[0]
+                       and b.call.seqlen_q == q.shape[1] and b.call.heads == q.shape[2])
         loop(plain, 200)
         loop(via, 200)
         rounds = []
@@ -491,14 +493,8 @@ def dispatch_overhead(device: str, n: int = 2000) -> dict[str, Any]:
                 b, a = loop(via, block), loop(plain, block)
             rounds.append((b - a, a, b))
         # attention() alone: its cached runner swapped for a no-op (host cost of the lookup only)
-        saved = dict(_FAST)
-        for key, (_, be, cl) in saved.items():
-            _FAST[key] = (lambda q, k, v: None, be, cl)
-        try:
+        with dispatch.runners_replaced(lambda q, k, v: None):
             wrapper_us = min(loop(via, n) for _ in range(5))
-        finally:
-            _FAST.clear()
-            _FAST.update(saved)
     rounds.sort()
     mid = rounds[len(rounds) // 2]
     return {"backend": backend, "overhead_us": mid[0], "plain_us": mid[1], "attention_us": mid[2],

@@ -56,11 +56,9 @@ def compiled(q: Any, k: Any, v: Any, causal: bool, scale_ratio: Ratio, dropout_r
                  max_seqlen_q=max_seqlens[0] if max_seqlens[0] >= 0 else None,
                  max_seqlen_k=max_seqlens[1] if max_seqlens[1] >= 0 else None)
     if not is_fake(q):  # run as Python (backend="eager", or a torch without nonstrict_trace): the eager path
-        from attnkit.runtime.attention import attention
+        from attnkit.runtime import dispatch
 
-        return attention(q, k, v, causal=causal, softmax_scale=inp.softmax_scale, dropout_p=dropout_p,
-                         window=inp.window, softcap=softcap, backend=backend or None, **extra,
-                         max_seqlen_q=inp.max_seqlen_q, max_seqlen_k=inp.max_seqlen_k)
+        return dispatch.first(inp, backend or None)
     return run_traced(inp, backend or None, "compile")
 
 

@@ -61,7 +61,8 @@ class Selector:
         self.demoted: dict[tuple[Any, ...], set[str]] = {}  # bucket -> backends that failed at run time
         self.tuned: dict[str, str] = {}  # "<fingerprint>|<bucket>" -> backend name
         self._warned: set[tuple[str, str]] = set()
-        self._listeners: list[Callable[[], None]] = []  # told whenever a decision may change (caches drop)
+        # told whenever a decision may change: with the shape bucket it changed for, or None for all
+        self._listeners: list[Callable[[tuple[Any, ...] | None], None]] = []
         self._disk_loaded = False
         self.autotune = os.environ.get(ENV_AUTOTUNE, "") not in ("", "0")
         self.forced = os.environ.get(ENV_BACKEND) or None
@@ -76,12 +77,12 @@ class Selector:
             self.forced = os.environ.get(ENV_BACKEND) or None
         self.changed()
 
-    def on_change(self, listener: Callable[[], None]) -> None:
+    def on_change(self, listener: Callable[[tuple[Any, ...] | None], None]) -> None:
         self._listeners.append(listener)
 
-    def changed(self) -> None:
+    def changed(self, bucket: tuple[Any, ...] | None = None) -> None:
         for listener in self._listeners:
-            listener()
+            listener(bucket)
 
     # -- explicit choice -------------------------------------------------------------------------------
     def explicit(self, name: str, call: AttentionCall, probe: Probe, source: str) -> Backend:
@@ -121,7 +122,7 @@ class Selector:
                 first = (str(exc).strip().splitlines() or [""])[0][:200]
                 warnings.warn(f"attnkit: backend {backend} failed at run time ({type(exc).__name__}: {first}); "
                               f"falling back for calls like {call.describe()}", RuntimeWarning, stacklevel=4)
-        self.changed()
+        self.changed(call.bucket())  # only this bucket's bound calls are dropped
 
     # -- autotune --------------------------------------------------------------------------------------
     def _key(self, call: AttentionCall, probe: Probe) -> str:

@@ -68,16 +68,22 @@ class SdpaCudnnVarlen(Backend):
 
         return SdpaCudnn().extra_unavailable(probe)
 
-    def compute(self, q: Any, k: Any, v: Any, call: AttentionCall, p: Params) -> Any:
-        import torch
-        import torch.nn.functional as F
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        backend = getattr(SDPBackend, self.sdp_name)
+    def bind(self, call: AttentionCall, p: Params, q: Any, k: Any, v: Any) -> Any:
+        """The bucket plan depends only on the lengths: made once per bound call, not per call."""
+        from torch.nn.attention import SDPBackend
 
         assert call.lengths_q is not None
         lengths = list(call.lengths_q)
         groups = plan_buckets(call.lengths_q)
+        backend = getattr(SDPBackend, self.sdp_name)
+        return lambda q, k, v: self._run(q, k, v, call, p, lengths, groups, backend)
+
+    def _run(self, q: Any, k: Any, v: Any, call: AttentionCall, p: Params, lengths: list[int],
+             groups: list[list[int]], backend: Any) -> Any:
+        import torch
+        import torch.nn.functional as F
+        from torch.nn.attention import sdpa_kernel
+
         if not groups:
             return q.new_zeros(q.shape[0], q.shape[1], v.shape[-1]) + 0 * (q.sum() + k.sum() + v.sum())
         # Copies are contiguous per sequence and every op's backward is one op over all tokens: split (its

@@ -37,19 +37,25 @@ class TorchVarlen(Backend):
             return [f"torch {probe.torch.version} has no torch.nn.attention.varlen (needs torch >= 2.10)"]
         return []
 
-    def compute(self, q: Any, k: Any, v: Any, call: AttentionCall, p: Params) -> Any:
+    def bind(self, call: AttentionCall, p: Params, q: Any, k: Any, v: Any) -> Any:
+        """The function and its keyword arguments are worked out once per bound call."""
         from attnkit.runtime import layout
 
         fn, params = _varlen()
         kwargs: dict[str, Any] = {"scale": p.scale}
-        if call.gqa:
-            if "enable_gqa" in params:
-                kwargs["enable_gqa"] = True
-            else:
-                k, v = layout.expand_kv(k, call.heads), layout.expand_kv(v, call.heads)
+        expand = call.gqa and "enable_gqa" not in params
+        if call.gqa and not expand:
+            kwargs["enable_gqa"] = True
         if call.causal:
             if "is_causal" in params:
                 kwargs["is_causal"] = True
             else:
                 kwargs["window_size"] = (-1, 0)
-        return fn(q, k, v, p.cu_seqlens_q, p.cu_seqlens_k, p.max_seqlen_q, p.max_seqlen_k, **kwargs)
+        cu_q, cu_k, max_q, max_k = p.cu_seqlens_q, p.cu_seqlens_k, p.max_seqlen_q, p.max_seqlen_k
+        heads = call.heads
+
+        def run(q: Any, k: Any, v: Any) -> Any:
+            if expand:
+                k, v = layout.expand_kv(k, heads), layout.expand_kv(v, heads)
+            return fn(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs)
+        return run

@@ -38,16 +38,22 @@ class Xformers(Backend):
             return ["varlen causal only when every sequence has at least as many keys as queries"]
         return []
 
-    def compute(self, q: Any, k: Any, v: Any, call: AttentionCall, p: Params) -> Any:
+    def bind(self, call: AttentionCall, p: Params, q: Any, k: Any, v: Any) -> Any:
+        """A varlen call's block-diagonal mask depends only on the lengths: built once per bound call."""
         fmha = load_fmha()
+        varlen_bias = None
+        if call.varlen:
+            assert call.lengths_q is not None and call.lengths_k is not None
+            bd = fmha.attn_bias.BlockDiagonalMask.from_seqlens(list(call.lengths_q), list(call.lengths_k))
+            varlen_bias = bd.make_causal_from_bottomright() if call.causal else bd
+        return lambda q, k, v: self._run(q, k, v, call, p, fmha, varlen_bias)
 
+    def _run(self, q: Any, k: Any, v: Any, call: AttentionCall, p: Params, fmha: Any, varlen_bias: Any) -> Any:
         bias: Any = None
         empty: Any = None
         dense = False
         if call.varlen:
-            assert call.lengths_q is not None and call.lengths_k is not None
-            bd = fmha.attn_bias.BlockDiagonalMask.from_seqlens(list(call.lengths_q), list(call.lengths_k))
-            bias = bd.make_causal_from_bottomright() if call.causal else bd
+            bias = varlen_bias
             q, k, v = q[None], k[None], v[None]
         elif call.alibi or call.bias or (call.causal and call.seqlen_q > call.seqlen_k):
             # a dense bias; causal with more queries than keys comes here too: the first sq - sk rows see no
