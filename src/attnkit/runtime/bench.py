@@ -479,6 +479,11 @@ def dispatch_overhead(device: str, n: int = 2000) -> dict[str, Any]:
         return attention(q, k, v, causal=True)
 
     with torch.no_grad():
+        bound = dispatch.bind(q, k, v, causal=True)
+
+        def via_bound() -> Any:  # attnkit.bind(): the call fixed once, no key built per call
+            return bound(q, k, v)
+
         via()
         backend = next(b.backend.name for b in dispatch.bound_calls() if b.call.batch == q.shape[0]
                        and b.call.seqlen_q == q.shape[1] and b.call.heads == q.shape[2])
@@ -492,12 +497,21 @@ def dispatch_overhead(device: str, n: int = 2000) -> dict[str, Any]:
             else:
                 b, a = loop(via, block), loop(plain, block)
             rounds.append((b - a, a, b))
+        bound_rounds = []
+        for i in range(21):  # the same for the bound runner
+            if i % 2 == 0:
+                a, b = loop(plain, block), loop(via_bound, block)
+            else:
+                b, a = loop(via_bound, block), loop(plain, block)
+            bound_rounds.append(b - a)
         # attention() alone: its cached runner swapped for a no-op (host cost of the lookup only)
         with dispatch.runners_replaced(lambda q, k, v: None):
             wrapper_us = min(loop(via, n) for _ in range(5))
     rounds.sort()
     mid = rounds[len(rounds) // 2]
+    bound_rounds.sort()
     return {"backend": backend, "overhead_us": mid[0], "plain_us": mid[1], "attention_us": mid[2],
+            "bound_overhead_us": bound_rounds[len(bound_rounds) // 2], "bound_backend": bound.backend.name,
             "wrapper_only_us": wrapper_us, "calls_per_block": block, "rounds": len(rounds)}
 
 
@@ -624,7 +638,8 @@ def run_bench(out: str | None = None, quick: bool = False, png: bool = True, onl
         if out:  # the report so far: a run cut short by a time limit still leaves every finished shape
             write_atomic(Path(out), json.dumps({**report, "partial": True}, indent=1, default=str))
     report["summary"] = {**summarize(results), "dispatch_overhead_us": dispatch["overhead_us"],
-                         "dispatch_wrapper_only_us": dispatch["wrapper_only_us"]}
+                         "dispatch_wrapper_only_us": dispatch["wrapper_only_us"],
+                         "bound_overhead_us": dispatch["bound_overhead_us"]}
     t = Table(title=f"attnkit bench on {device}: speed vs the plain SDPA call and vs the oracle (>=1: attnkit as fast)")
     for col in ("shape", "pass", "selected", "row", "oracle sync", "sel/oracle sync", "sel/oracle b2b",
                 "sel/plain sync", "sel/plain b2b"):
