@@ -54,8 +54,12 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
     if _jit_tracing() is not None:  # torch.jit.is_tracing() without its wrapper
         return graph.run_traced(_inputs(**locals()), backend, "jit")
     if alibi_slopes is None and attn_bias is None:  # per-call tensor values: such calls are never cached
-        dt = q.dtype
-        if k.dtype is dt and v.dtype is dt and (window is None or type(window) is tuple):
+        try:
+            dt = q.dtype
+            same = k.dtype is dt and v.dtype is dt
+        except AttributeError:  # not tensors: validation says which argument, in one line
+            same = False
+        if same and (window is None or type(window) is tuple):
             grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
             key = (q.shape, k.shape, v.shape, dt, q.device, causal, softmax_scale, dropout_p, window, softcap,
                    backend, grad, grad and torch.are_deterministic_algorithms_enabled())

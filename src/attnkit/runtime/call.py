@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 _FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+MAX_LEN = (1 << 31) - 1  # sequence lengths and windows: what every kernel's int32 indexing can hold
 TRACES = {"compile": "torch.compile / torch.export", "jit": "torch.jit.trace (the legacy ONNX exporter)"}
 
 
@@ -191,18 +192,21 @@ class Inputs:
                 raise _fail(name, f"device {t.device} differs from q's {q.device}")
         if q.shape[-1] != k.shape[-1]:
             raise _fail("k", f"head_dim {k.shape[-1]} differs from q's {q.shape[-1]}")
+        if q.shape[-1] == 0 or v.shape[-1] == 0:
+            raise _fail("q" if q.shape[-1] == 0 else "v", "head_dim must be >= 1")
         if k.shape[:-1] != v.shape[:-1]:
             raise _fail("v", f"shape {tuple(v.shape)} does not match k's {tuple(k.shape)} except head_dim")
         heads, kv_heads = q.shape[-2], k.shape[-2]
         if kv_heads == 0 or heads % kv_heads:
             raise _fail("k", f"q has {heads} heads, which is not a multiple of k's {kv_heads} heads")
         s = self.softmax_scale
-        if s is not None and not (isinstance(s, (int, float)) and not isinstance(s, bool) and s > 0):
-            raise _fail("softmax_scale", f"expected a positive number, got {s!r}")
+        if s is not None and not (isinstance(s, (int, float)) and not isinstance(s, bool) and 0 < s < math.inf):
+            raise _fail("softmax_scale", f"expected a positive number (finite), got {s!r}")
         if not isinstance(self.dropout_p, (int, float)) or not 0.0 <= self.dropout_p < 1.0:
             raise _fail("dropout_p", f"must be in [0, 1), got {self.dropout_p}")
-        if not isinstance(self.softcap, (int, float)) or self.softcap < 0:
-            raise _fail("softcap", f"expected a number >= 0 (0 = off), got {self.softcap!r}")
+        if (not isinstance(self.softcap, (int, float)) or isinstance(self.softcap, bool)
+                or not 0 <= self.softcap < math.inf):
+            raise _fail("softcap", f"expected a number >= 0 (finite; 0 = off), got {self.softcap!r}")
         window = _check_window(self.window)
 
         lengths_q = lengths_k = None
@@ -225,6 +229,10 @@ class Inputs:
                 if batch != batch_k:
                     raise _fail("cu_seqlens_k", f"describes {batch_k} sequences, cu_seqlens_q {batch}")
             sq, sk = _size(self.max_seqlen_q), _size(self.max_seqlen_k)
+            if lengths_q is not None and lengths_k is not None:
+                # the longest sequence read from cu_seqlens, not the caller's bound (which may be loose: a padded
+                # length): padded routes allocate by it, native kernels still get the caller's max_seqlen
+                sq, sk = max(lengths_q, default=0), max(lengths_k, default=0)
         else:
             batch, sq, sk = q.shape[0], q.shape[1], k.shape[1]
             if k.shape[0] != batch:
@@ -295,8 +303,9 @@ def _check_window(window: Any) -> tuple[int, int] | None:
     if window is None:
         return None
     if (not isinstance(window, (tuple, list)) or len(window) != 2
-            or not all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window)):
-        raise _fail("window", f"expected (left, right) ints >= -1 (-1 = unbounded), got {window!r}")
+            or not all(isinstance(w, int) and not isinstance(w, bool) and -1 <= w <= MAX_LEN for w in window)):
+        raise _fail("window", f"expected (left, right) ints >= -1 and <= {MAX_LEN} (-1 = unbounded), got "
+                              f"{str(window)[:60]}")
     left, right = int(window[0]), int(window[1])
     return None if (left, right) == (-1, -1) else (left, right)
 
@@ -329,6 +338,9 @@ def _check_cu(cu: Any, name: str, t: Any, max_len: int, max_name: str) -> tuple[
         raise _fail(name, "must be non-decreasing")
     if host[-1] != t.shape[0]:
         raise _fail(name, f"ends at {host[-1]} but the packed tensor has {t.shape[0]} rows")
-    if not isinstance(max_len, int) or max_len < max(lengths):
+    if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < max(lengths):
         raise _fail(max_name, f"{max_len!r} is smaller than the longest sequence ({max(lengths)})")
+    if max_len > MAX_LEN:
+        raise _fail(max_name, f"{max_len} is not a sequence length (at most {MAX_LEN}); the longest sequence "
+                              f"is {max(lengths)}")
     return tuple(lengths)

@@ -148,7 +148,7 @@ def safe_rows(ok: Any) -> tuple[Any, Any]:
     finite too) and the caller zeroes those rows afterwards.
     """
     empty = ~ok.any(dim=-1, keepdim=True)
-    if bool(empty.any()):
+    if bool(empty.any()) and ok.shape[-1]:  # no key at all: nothing to open, every row is zeroed
         first = ok.new_zeros(ok.shape[-1])
         first[0] = True
         ok = ok | (empty & first)

@@ -132,21 +132,25 @@ class Selector:
         if self._disk_loaded:
             return
         self._disk_loaded = True
-        try:
-            data = json.loads(_cache_path().read_text(encoding="utf-8"))
-            if isinstance(data, dict):
-                self.tuned.update({str(k): str(v) for k, v in data.items()})
-        except (OSError, ValueError):
-            pass
+        self.tuned.update(_read_cache(_cache_path()))
 
     def _save_disk(self) -> None:
+        """Merge with what is on disk under a file lock, then write atomically: two processes tuning at once
+        keep both sides' entries (a plain write loses the other writer's)."""
+        import fcntl
+
         from attnkit._io import write_atomic
 
+        path = _cache_path()
         try:
-            write_atomic(_cache_path(), json.dumps(self.tuned, indent=1, sort_keys=True))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path.with_name(path.name + ".lock"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                merged = {**_read_cache(path), **self.tuned}
+                write_atomic(path, json.dumps(merged, indent=1, sort_keys=True))
+            self.tuned.update(merged)
         except OSError as exc:
-            warnings.warn(f"attnkit: cannot write autotune cache {_cache_path()}: {exc}", RuntimeWarning,
-                          stacklevel=2)
+            warnings.warn(f"attnkit: cannot write autotune cache {path}: {exc}", RuntimeWarning, stacklevel=2)
 
     def _autotuned(self, call: AttentionCall, probe: Probe, found: list[Backend],
                    timer: Callable[[Backend], float]) -> Backend:
@@ -168,6 +172,17 @@ class Selector:
             self.tuned[key] = best
             self._save_disk()
             return REGISTRY[best]
+
+
+def _read_cache(path: Path) -> dict[str, str]:
+    """The autotune table on disk; anything unreadable (missing, not JSON, nested absurdly deep) counts as empty."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 SELECTOR = Selector()
