@@ -46,9 +46,13 @@ def _current_env(session: nox.Session) -> dict[str, str]:
 
 
 def _report_path(kind: str, machine: bool = True) -> str:
-    """docs/results/<date>-<host>-<kind>.json (without the host for what is not about a machine, such as an
-    image) unless ATTNKIT_REPORT_DIR says where."""
-    out = Path(os.environ.get("ATTNKIT_REPORT_DIR", ROOT / "docs" / "results"))
+    """<attnkit's cache folder>/reports/<date>-<host>-<kind>.json (without the host for what is not about a
+    machine, such as an image) unless ATTNKIT_REPORT_DIR says where: never into the checkout unasked (a report
+    worth keeping is copied to docs/results/ on purpose)."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from attnkit._io import cache_dir  # stdlib only: importable before attnkit's dependencies are
+
+    out = Path(os.environ.get("ATTNKIT_REPORT_DIR") or cache_dir() / "reports")
     label = os.environ.get("ATTNKIT_MACHINE_LABEL") or socket.gethostname().split(".")[0]
     return str(out / f"{dt.date.today().isoformat()}-{f'{label}-' if machine else ''}{kind}.json")
 

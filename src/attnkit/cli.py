@@ -358,9 +358,18 @@ def _chosen(a: argparse.Namespace):  # type: ignore[no-untyped-def]
     from attnkit.wheels import pyenv
     from attnkit.wheels.resolve import choose, index_url, listing
 
+    source = "--index"
+    if not a.index:  # attnkit's own site: only the matrix's packages are there; say so before any network
+        from attnkit.matrix import load_matrix
+
+        known = sorted(load_matrix(None).packages)
+        if a.package not in known:
+            raise UsageError(f"package: {a.package!r} is not built by attnkit (its site has {', '.join(known)}); "
+                             "pass --index SITE for another wheel site")
+        source = "the default wheel site (matrix.yaml publish.wheel_site; it may not be published yet; --index SITE)"
     env = pyenv.describe(a.python)
     simple = index_url(_default_site(a), env)
-    return env, simple, choose(listing(simple, a.package), env, a.package)
+    return env, simple, choose(listing(simple, a.package, source), env, a.package)
 
 
 def _cmd_wheel_url(a: argparse.Namespace) -> int:
@@ -444,13 +453,13 @@ def build_parser() -> argparse.ArgumentParser:
     rd.set_defaults(func=_cmd_readme)
 
     dr = sub.add_parser("doctor", help="probe this machine and show which attention backends work")
-    dr.add_argument("--json", action="store_true")
+    dr.add_argument("--json", action="store_true", help="print the report as JSON (exit 1 when unhealthy)")
     dr.set_defaults(func=_cmd_doctor)
 
     be = sub.add_parser("bench", help="benchmark every available backend against attnkit's choice")
     be.add_argument("--out", default=None, help="JSON report path (a PNG chart is written beside it)")
     be.add_argument("--quick", action="store_true", help="a small suite (CPU sanity runs)")
-    be.add_argument("--no-png", dest="png", action="store_false")
+    be.add_argument("--no-png", dest="png", action="store_false", help="write no PNG chart beside the report")
     be.add_argument("--shape", action="append", help="only this shape of the suite (by label; repeatable)")
     be.set_defaults(func=_cmd_bench)
 
@@ -616,7 +625,8 @@ def build_parser() -> argparse.ArgumentParser:
                              ("install", _cmd_install, "install the wheel that fits, hash-checked, with its "
                                                        "dependencies; torch is never changed")):
         sp = sub.add_parser(name, help=text)
-        sp.add_argument("package")
+        sp.add_argument("package", help="the project to find: flash-attn or xformers on attnkit's site (any project "
+                                        "on a site given with --index)")
         sp.add_argument("--index", help="a wheel site (URL or folder; its <key>/simple is used) or one simple index "
                         "(ends in /simple); default: matrix.yaml publish.wheel_site")
         sp.add_argument("--python", default=sys.executable, help="the environment's interpreter (default: this one)")

@@ -71,15 +71,16 @@ def index_url(index: str, env: PyEnv) -> str:
     return naming.simple_index_url(url, env.index_key())
 
 
-def listing(simple: str, project: str) -> list[Candidate]:
-    """Wheels of `project` in a PEP 503 index (URL, file:// URL or local directory)."""
+def listing(simple: str, project: str, source: str = "--index") -> list[Candidate]:
+    """Wheels of `project` in a PEP 503 index (URL, file:// URL or local directory). `source` names where the
+    index came from, for the error when it cannot be read."""
     page = f"{_as_url(simple).rstrip('/')}/{canonicalize_name(project)}/"
     target = page + "index.html" if page.startswith("file:") else page
     try:
         with urllib.request.urlopen(target, timeout=60) as r:
             text = r.read().decode("utf-8", "replace")
     except OSError as exc:
-        raise AttnkitError(f"--index: cannot read {target} ({exc})") from None
+        raise AttnkitError(f"{source}: cannot read {target} ({exc})") from None
     parser = _Links()
     parser.feed(text)
     out = []

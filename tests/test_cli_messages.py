@@ -1,0 +1,44 @@
+"""What a new user meets (issue 27, items 14 and 17): wheel-url for a package attnkit does not build is refused
+before any network; an unreachable default site is named as the default site, not as --index; help texts."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+import pytest
+
+from attnkit.cli import build_parser, main
+from attnkit.wheels import pyenv
+
+
+def test_unknown_package_is_refused_before_the_network(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: pytest.fail("went to the network"))
+    assert main(["wheel-url", "nosuchpkg"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "'nosuchpkg' is not built by attnkit" in err and "--index" in err
+
+
+def test_an_unreachable_default_site_is_named_as_such(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    env = pyenv.PyEnv("/py", "3.12", "x86_64", "2.11.0+cu130", "13.0", True, ("cp312-cp312-linux_x86_64",))
+    monkeypatch.setattr(pyenv, "describe", lambda python=None: env)
+
+    def refuse(*a: object, **k: object) -> None:
+        raise urllib.error.URLError("Name or service not known")
+
+    monkeypatch.setattr(urllib.request, "urlopen", refuse)
+    assert main(["wheel-url", "flash-attn"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "the default wheel site (matrix.yaml publish.wheel_site" in err
+    assert not err.startswith("attnkit: error: --index")
+
+
+def test_every_argument_of_the_user_facing_commands_has_help() -> None:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    for name in ("wheel-url", "install", "bench", "smoke", "oracle", "doctor"):
+        for action in sub.choices[name]._actions:
+            if action.dest != "help":
+                assert action.help, f"{name} {action.dest}"
