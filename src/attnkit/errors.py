@@ -35,3 +35,8 @@ def torch_import_failure(error: str) -> str:
                 "library built for another torch or CUDA version (torch/CUDA mismatch, or an extension wheel built "
                 "for another torch)")
     return f"torch is installed but does not import: {first}"
+
+
+def first_line(text: object, limit: int = 200) -> str:
+    """The first non-empty line of a message (an exception's str), cut to `limit`: errors stay one line."""
+    return next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")[:limit]

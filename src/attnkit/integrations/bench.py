@@ -20,6 +20,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from attnkit.errors import first_line
+
 
 def _median_ms(step: Any, iters: int, warmup: int = 3) -> float:
     import torch
@@ -205,7 +207,7 @@ def cuda_graph_decode(replays: int) -> dict[str, Any]:
             per[name] = {"serves": True, "capture_safe": True, "max_abs_diff": replay_all(graph, o, name, 20)}
         except Exception as exc:
             per[name] = {"serves": True, "capture_safe": False,
-                         "error": f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"}
+                         "error": f"{type(exc).__name__}: {first_line(exc)}"}
             with contextlib.suppress(Exception):
                 torch.cuda.synchronize()
     out["backends"] = per

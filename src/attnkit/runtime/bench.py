@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from attnkit._io import write_atomic
+from attnkit.errors import first_line
 
 PLAIN = "sdpa_plain"
 AUTO = "attnkit"
@@ -148,7 +149,7 @@ def warm(runs: dict[str, Callable[[], Any]], device: str, times: int = 2) -> tup
                     outs[name] = out
             _sync(device)
         except Exception as exc:
-            errors[name] = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
+            errors[name] = f"{type(exc).__name__}: {first_line(exc)}"
             _sync(device)
     return outs, errors
 

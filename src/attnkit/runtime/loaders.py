@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from attnkit.errors import first_line
+
 FA4_CACHE_ENABLED = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
 FA4_CACHE_DIR = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
 FA4_MODULE = "flash_attn.cute"
@@ -45,7 +47,7 @@ def load_fa4() -> Any:
     try:
         module = importlib.import_module(FA4_MODULE)
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        first = first_line(exc)
         FA4_STATE["error"] = f"{FA4_MODULE} does not import: {type(exc).__name__}: {first}"
         raise RuntimeError(FA4_STATE["error"]) from exc
     FA4_STATE["import_s"] = time.perf_counter() - t0

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnkit.errors import UsageError
+from attnkit.errors import UsageError, first_line
 
 AUTO = "attnkit"  # attention()'s own pick
 REFERENCE = ("attention_ref", "construct_local_mask", "attn_bias_from_alibi_slopes", "generate_random_padding_mask")
@@ -190,7 +190,7 @@ def run_case(case: Case, ref: dict[str, Any], backends: list[str], device: str) 
             results[name] = {"outcome": "refused", "reason": lines[-1].split(": ", 1)[-1] if len(lines) > 1 else lines[0]}
             continue
         except Exception as exc:  # a backend that claims a case and then raises has failed it
-            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            first = first_line(exc)
             results[name] = {"outcome": "fail", "error": f"{type(exc).__name__}: {first}"}
             continue
         errs = _errors(out, grads, (out_ref, *grads_ref), (out_low, *grads_low))

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from attnkit.errors import first_line
 from attnkit.runtime.backends import REGISTRY, Backend
 from attnkit.runtime.call import AttentionCall
 from attnkit.runtime.priority import order_for
@@ -119,7 +120,7 @@ class Selector:
             key = (backend, type(exc).__name__)
             if key not in self._warned:
                 self._warned.add(key)
-                first = (str(exc).strip().splitlines() or [""])[0][:200]
+                first = first_line(exc)
                 warnings.warn(f"attnkit: backend {backend} failed at run time ({type(exc).__name__}: {first}); "
                               f"falling back for calls like {call.describe()}", RuntimeWarning, stacklevel=4)
         self.changed(call.bucket())  # only this bucket's bound calls are dropped

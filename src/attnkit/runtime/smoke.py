@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attnkit.errors import first_line
+
 # (forward, backward) max abs error per dtype on unit-variance inputs, against the float64 reference
 TOL = {"float16": (4e-3, 2e-2), "bfloat16": (2.5e-2, 1e-1), "float32": (2e-4, 2e-3), "float64": (1e-7, 1e-6)}
 AUTO = "attnkit"  # the row that goes through attention() and its selection
@@ -153,7 +155,7 @@ def check(backend: str, case_name: str, dtype: str, device: str) -> dict[str, An
         if problems:
             entry["error"] = "; ".join(problems)
     except Exception as exc:  # a kernel that raises is a failed check, reported, not a crash of the run
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        first = first_line(exc, 300)
         entry.update(outcome="failed", error=f"{type(exc).__name__}: {first}",
                      seconds=round(time.perf_counter() - t0, 4))
     return entry
