@@ -201,3 +201,43 @@ def test_shard_export_copies_the_shards_own_objects(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / ".github" / "scripts" / "shard-export.py"), str(report),
                         str(store), str(tmp_path / "again")], capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr.strip() == f"shard-export: 1 of this shard's objects are not in {store}: b.cu"
+
+
+def test_outdated_runs_weekly_and_opens_an_issue_only_for_findings(tmp_path):
+    """outdated.yml: weekly, may write issues and nothing else; its script, run with stand-ins for `attnkit` and
+    `gh`, opens an issue for findings (exit 1 with output), none when up to date or one is open, and fails (no
+    issue) when the command failed without findings (PyPI unreachable)."""
+    doc = load("outdated.yml")
+    on = doc.get("on", doc.get(True))
+    assert re.fullmatch(r"\d+ \d+ \* \* [0-6]", on["schedule"][0]["cron"])  # once a week
+    assert doc["permissions"] == {"contents": "read"}
+    job = doc["jobs"]["outdated"]
+    assert job["permissions"] == {"contents": "read", "issues": "write"}
+    step = next(s for s in job["steps"] if "attnkit matrix outdated" in s.get("run", ""))
+    assert step["env"]["GH_TOKEN"] == "${{ secrets.GITHUB_TOKEN }}"
+
+    def script(attnkit_rc: int, findings: str, open_issues: int) -> tuple[int, str]:
+        work = tmp_path / f"w{attnkit_rc}-{len(findings)}-{open_issues}"
+        bin_ = work / "bin"
+        bin_.mkdir(parents=True)
+        (bin_ / "attnkit").write_text(f"#!/bin/sh\nprintf '%s' '{findings}'\nexit {attnkit_rc}\n")
+        (bin_ / "gh").write_text(f'#!/bin/sh\necho "gh $*" >> "{work}/gh.log"\n'
+                                 f'[ "$1 $2" = "issue list" ] && echo {open_issues}\n'
+                                 f'[ "$1 $2" = "issue create" ] && cp body.md "{work}/body.md"\nexit 0\n')
+        for p in bin_.iterdir():
+            p.chmod(0o755)
+        r = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=work, capture_output=True, text=True,
+                           env={**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}"})
+        log = (work / "gh.log").read_text() if (work / "gh.log").exists() else ""
+        return r.returncode, log
+
+    found = "torch 2.15.0 is on the index, uploaded 2026-10-28; the matrix has no torch 2.15\n"
+    rc, log = script(1, found, 0)
+    assert rc == 0 and "gh issue create --title matrix.yaml is behind PyPI --body-file body.md" in log
+    body = (tmp_path / f"w1-{len(found)}-0" / "body.md").read_text()
+    assert "- torch 2.15.0 is on the index" in body and "nox -s readme" in body
+    assert script(1, found, 1) == (0, "gh issue list --state open --search in:title \"matrix.yaml is behind PyPI\" "
+                                      "--json number --jq length\n")  # one is open: no second issue
+    assert script(0, "the matrix is up to date\n", 0) == (0, "")
+    assert script(1, "", 0) == (1, "")  # failed without findings: the run fails, no issue
+    assert script(2, "", 0) == (2, "")

@@ -43,6 +43,22 @@ def _cmd_matrix(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_matrix_outdated(a: argparse.Namespace) -> int:
+    from attnkit.matrix import load_matrix
+    from attnkit.matrix.outdated import TRACKED, check_index_url, outdated
+
+    given = [f"--{opt}" for opt in ("torch", "cuda", "python", "package") if getattr(a, opt) is not None]
+    if given or a.shards or a.format != "table":
+        raise UsageError(f"matrix outdated: takes --file and --index-url only, not {', '.join(given) or '--format/--shards'}")
+    index = check_index_url(a.index_url)
+    found = outdated(load_matrix(a.file), index)
+    for f in found:
+        print(f.line())
+    if not found:
+        print(f"the matrix is up to date with {index} ({', '.join(TRACKED)})")
+    return 1 if found else 0
+
+
 def _cmd_ci_plan(a: argparse.Namespace) -> int:
     from attnkit.matrix import CellFilter, emit, expand, load_matrix
 
@@ -439,6 +455,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                           "shard of each wheel")
     mx.add_argument("--format", choices=FORMATS, default="table")
     mx.set_defaults(func=_cmd_matrix)
+    mxsub = mx.add_subparsers(dest="matrix_command", parser_class=_Parser)
+    mo = mxsub.add_parser("outdated", help="what PyPI has that is newer than the matrix: one line each, exit 1 if any")
+    mo.add_argument("--file", default=argparse.SUPPRESS, help="matrix file (as for `attnkit matrix`)")
+    mo.add_argument("--index-url", default="https://pypi.org/pypi",
+                    help="the index's JSON API root, <url>/<name>/json (default: https://pypi.org/pypi)")
+    mo.set_defaults(func=_cmd_matrix_outdated)
 
     cp = sub.add_parser("ci-plan", help="the jobs a push would start, per cell (dry run of the workflows)")
     cp.add_argument("--file")
