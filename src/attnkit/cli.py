@@ -636,12 +636,13 @@ def _validate_versions(a: argparse.Namespace) -> None:
         opts, cpu_ok = ("torch",), False  # its --python is an interpreter; wheels need CUDA
     else:
         return
+    minor = re.compile(r"[0-9]{1,4}\.[0-9]{1,4}\Z", re.ASCII)  # ASCII digits: '３.１２' is not a version
     for opt in opts:
         val = getattr(a, opt, None)
-        if val is not None and not re.match(r"^\d+\.\d+$", val):
+        if val is not None and not minor.match(val):
             raise UsageError(f"--{opt}: {val!r} is not MAJOR.MINOR (e.g. 2.11)")
     cuda = getattr(a, "cuda", None)
-    if cuda is not None and not (cpu_ok and cuda == "cpu") and not re.match(r"^\d+\.\d+$", cuda):
+    if cuda is not None and not (cpu_ok and cuda == "cpu") and not minor.match(cuda):
         raise UsageError(f"--cuda: {cuda!r} is not MAJOR.MINOR (e.g. 13.0){' or cpu' if cpu_ok else ''}")
 
 
