@@ -58,11 +58,11 @@ def test_missing_file_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: 
     [
         (["--torch", "2.8", "--cuda", "13.0"], "torch 2.8 does not ship CUDA 13.0", 1),
         (["--torch", "2.9", "--python", "3.9"], "torch 2.9 supports Python 3.10-3.14, not 3.9", 1),
-        (["--torch", "2.7"], "torch 2.7 is not in the matrix", 1),
-        (["--cuda", "11.8"], "CUDA 11.8 is not in the matrix", 1),
+        (["--torch", "2.7"], "torch 2.7 is not in the matrix", 2),
+        (["--cuda", "11.8"], "CUDA 11.8 is not in the matrix", 2),
         (["--torch", "two"], "--torch: 'two' is not MAJOR.MINOR", 2),
         (["--cuda", "13"], "--cuda: '13' is not MAJOR.MINOR", 2),
-        (["--package", "flash-attn-9"], "unknown package 'flash-attn-9'", 1),
+        (["--package", "flash-attn-9"], "unknown package 'flash-attn-9'", 2),
         (["--package", "xformers", "--torch", "2.9"], "no cell is built for xformers 0.0.35 (it needs torch >= 2.10", 1),
         (["--package", "flash-attn", "--cuda", "cpu"], "flash-attn needs CUDA", 1),
         (["--torch", "2.12", "--cuda", "13.2"], "compatible, but no such cell is built", 1),
@@ -71,7 +71,8 @@ def test_missing_file_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: 
     ],
 )
 def test_forbidden_or_bad_filters(argv: list[str], expect: str, rc: int, capsys: pytest.CaptureFixture[str]) -> None:
-    """Exit 2 for a usage error (the command line's shape), 1 for a failure (facts the matrix refuses)."""
+    """Exit 2 for a usage error (the command line: its shape, or a value the matrix does not know), 1 for a
+    failure (a combination of known values that the facts refuse)."""
     assert main(["matrix", *argv]) == rc
     err = capsys.readouterr().err
     assert expect in err, err

@@ -142,6 +142,14 @@ def _seconds_arg(text: str) -> float:
     return value
 
 
+def _positive_int(text: str) -> int:
+    """An option that counts something (jobs, shards, tokens, a batch): an integer >= 1, else exit 2."""
+    value = int(text) if re.fullmatch(r"[0-9]{1,9}", text.strip(), flags=re.ASCII) else 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
 def _cmd_warmup(a: argparse.Namespace) -> int:
     from attnkit.runtime.warmup import load_shapes, run_warmup, shapes_from_model
 
@@ -505,8 +513,8 @@ def build_parser() -> argparse.ArgumentParser:
     wu = sub.add_parser("warmup", help="compile JIT kernels (FlashAttention-4) for a list of shapes ahead of time")
     wu.add_argument("--shapes", help="JSON list of shapes: heads, head_dim, seqlen | seqlen_q+seqlen_k | lengths, ...")
     wu.add_argument("--model", help="a Hugging Face config.json (or its folder): train, prefill and decode shapes")
-    wu.add_argument("--seqlen", type=int, default=4096, help="with --model: sequence length (default 4096)")
-    wu.add_argument("--batch", type=int, default=1, help="with --model: batch size (default 1)")
+    wu.add_argument("--seqlen", type=_positive_int, default=4096, help="with --model: sequence length (default 4096)")
+    wu.add_argument("--batch", type=_positive_int, default=1, help="with --model: batch size (default 1)")
     wu.add_argument("--dtype", choices=("float16", "bfloat16"), help="with --model: override the config's dtype")
     wu.add_argument("--report", help="also write the JSON report here")
     wu.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -530,7 +538,7 @@ def build_parser() -> argparse.ArgumentParser:
         cell_args(sp)
         sp.add_argument("--build-dir", help="persistent build folder (resume); default in the cache")
         sp.add_argument("--toolkit", default="auto", help="auto (CUDA_HOME, /usr/local/cuda, PATH), pypi, or a path")
-        sp.add_argument("--jobs", type=int, help="parallel compile jobs (default: from cores and memory)")
+        sp.add_argument("--jobs", type=_positive_int, help="parallel compile jobs (default: from cores and memory)")
         sp.add_argument("--archs", help="a test build for a subset of the cell's archs, e.g. 90 (wheel marked .sm90)")
         sp.add_argument("--costs", action="append", metavar="FILE",
                         help="measured seconds per unit to balance shards by: {source: seconds}, or shard "
@@ -548,7 +556,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     wp = wsub.add_parser("plan", help="the compile units of a build split into N shards, with their cost")
     build_args(wp)
-    wp.add_argument("--shards", type=int, required=True, help="number of shard jobs")
+    wp.add_argument("--shards", type=_positive_int, required=True, help="number of shard jobs")
     wp.add_argument("--json", action="store_true", help="print the plan as JSON")
     wp.set_defaults(func=_cmd_wheels_plan)
 
@@ -579,7 +587,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     we = wsub.add_parser("env", help="the build environment of a recipe for a cell (for CI / cibuildwheel)")
     cell_args(we)
-    we.add_argument("--jobs", type=int)
+    we.add_argument("--jobs", type=_positive_int, help="parallel compile jobs (default: from cores and memory)")
     we.add_argument("--format", choices=("shell", "json"), default="shell")
     we.set_defaults(func=_cmd_wheels_env)
 
@@ -668,12 +676,13 @@ def _validate_versions(a: argparse.Namespace) -> None:
         opts, cpu_ok = ("torch",), False  # its --python is an interpreter; wheels need CUDA
     else:
         return
+    minor = re.compile(r"[0-9]{1,4}\.[0-9]{1,4}\Z", re.ASCII)  # ASCII digits: '３.１２' is not a version
     for opt in opts:
         val = getattr(a, opt, None)
-        if val is not None and not re.match(r"^\d+\.\d+$", val):
+        if val is not None and not minor.match(val):
             raise UsageError(f"--{opt}: {val!r} is not MAJOR.MINOR (e.g. 2.11)")
     cuda = getattr(a, "cuda", None)
-    if cuda is not None and not (cpu_ok and cuda == "cpu") and not re.match(r"^\d+\.\d+$", cuda):
+    if cuda is not None and not (cpu_ok and cuda == "cpu") and not minor.match(cuda):
         raise UsageError(f"--cuda: {cuda!r} is not MAJOR.MINOR (e.g. 13.0){' or cpu' if cpu_ok else ''}")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from attnkit.errors import AttnkitError
+from attnkit.errors import AttnkitError, UsageError
 from attnkit.matrix import naming
 from attnkit.matrix.schema import VARIANTS, CellSpec, Matrix, Package, PypiPackage, combination_reasons, vkey
 
@@ -197,8 +197,15 @@ def all_cells(m: Matrix) -> list[Cell]:
 
 
 def _check_filter(m: Matrix, f: CellFilter) -> None:
+    """A value the matrix does not know is a usage error (exit 2, like any bad option value); a combination of
+    known values that PyTorch's table forbids is a failure (exit 1)."""
     if f.package is not None and f.package not in m.packages:
-        raise AttnkitError(f"--package: unknown package {f.package!r}; allowed: {', '.join(m.packages)}")
+        raise UsageError(f"--package: unknown package {f.package!r}; allowed: {', '.join(m.packages)}")
+    if f.torch is not None and f.torch not in m.torch:
+        raise UsageError(f"--torch: torch {f.torch} is not in the matrix (known: {', '.join(sorted(m.torch, key=vkey))})")
+    if f.cuda not in (None, "cpu") and f.cuda not in m.cuda:
+        raise UsageError(f"--cuda: CUDA {f.cuda} is not in the matrix (known: {', '.join(sorted(m.cuda, key=vkey))}, "
+                         "or cpu)")
     why = combination_reasons(m, f.torch, f.cuda, f.python)
     if why:
         raise AttnkitError(f"--torch/--cuda/--python: {'; '.join(why)}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 from pydantic import ValidationError
@@ -26,13 +26,44 @@ def default_matrix_path() -> Path:
     return Path(env) if env else data.packaged(data.MATRIX)
 
 
+MAX_DEPTH = 32  # matrix.yaml nests 6 deep; a deeper file is a mistake or an attack (the composer recurses)
+
+
 class _LineLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (YAML would silently keep the last one)."""
+    """SafeLoader that refuses duplicate keys (YAML would silently keep the last one), keys that are not plain
+    scalars (`? [a, b]`), anchors and aliases (an alias bomb of a few hundred bytes expands to gigabytes; a
+    matrix has no use for them) and nesting deeper than MAX_DEPTH (5000 `[` would exhaust Python's stack)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            _refuse(f"aliases (*{event.anchor}) are not allowed in a matrix file; write the value out", event)
+        anchor = getattr(event, "anchor", None)
+        if anchor is not None:
+            _refuse(f"anchors (&{anchor}) are not allowed in a matrix file; write each value out", event)
+        if self._depth >= MAX_DEPTH:
+            _refuse(f"nested deeper than {MAX_DEPTH} levels; allowed: at most {MAX_DEPTH} (matrix.yaml nests 6)", event)
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)  # type: ignore[no-untyped-call,no-any-return]
+        finally:
+            self._depth -= 1
+
+
+def _refuse(problem: str, event: yaml.Event) -> NoReturn:
+    raise yaml.composer.ComposerError(None, None, problem, event.start_mark)  # type: ignore[arg-type]
 
 
 def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise yaml.constructor.ConstructorError(
+                None, None, "a key must be a plain string (got a list or mapping as a key)", key_node.start_mark)
         key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
         if key in seen:
             raise yaml.constructor.ConstructorError(
@@ -70,13 +101,22 @@ def _nearest_line(lines: dict[Path_, int], loc: Path_) -> int | None:
     return None
 
 
+def _shown(text: str) -> str:
+    """A key as an error shows it: as written when printable, else quoted with escapes (never a raw newline)."""
+    return text if text.isprintable() else repr(text)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split("\n")) if "\n" in text else text
+
+
 def _dotted(loc: Path_) -> str:
     parts: list[str] = []
     for p in loc:
         if isinstance(p, int):
             parts.append(f"[{p}]")
         else:
-            parts.append(("." if parts else "") + str(p))
+            parts.append(("." if parts else "") + _shown(str(p)))
     return "".join(parts) or "(top level)"
 
 
@@ -117,30 +157,52 @@ def parse_matrix(text: str, source: str) -> Matrix:
     """Validate matrix text; `source` names it in errors."""
     if not text.strip():
         raise AttnkitError(f"{source}: file is empty; expected a mapping with schema_version, torch, cuda, ...")
+    loader: _LineLoader | None = None
     try:
-        node = yaml.compose(text, Loader=_LineLoader)
-        data = yaml.load(text, Loader=_LineLoader)
+        loader = _LineLoader(text)  # its reader refuses control characters here, at once
+        node = loader.get_single_node()  # type: ignore[no-untyped-call]
+        data = loader.construct_document(node) if node is not None else None  # type: ignore[no-untyped-call]
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = f":{mark.line + 1}" if mark else ""
-        raise AttnkitError(f"{source}{line}: YAML syntax error: {exc.problem or exc.context}") from None
+        raise AttnkitError(_one_line(f"{source}{line}: YAML syntax error: {exc.problem or exc.context}")) from None
     except yaml.YAMLError as exc:
-        raise AttnkitError(f"{source}: YAML error: {str(exc).splitlines()[0]}") from None
+        raise AttnkitError(f"{source}: YAML error: {(str(exc).splitlines() or ['?'])[0]}") from None
+    finally:
+        if loader is not None:
+            loader.dispose()  # type: ignore[no-untyped-call]
     if data is None:
         raise AttnkitError(f"{source}: file is empty (no YAML content); expected a mapping with schema_version, torch, cuda, ...")
     if not isinstance(data, dict):
         raise AttnkitError(f"{source}:1: expected a mapping at the top level, got {type(data).__name__}")
+    lines = _line_index(node)
     try:
         m = Matrix.model_validate(data)
     except ValidationError as exc:
-        raise AttnkitError(format_validation_error(source, exc, _line_index(node))) from None
-    found = problems(m)
+        raise AttnkitError(_one_line(format_validation_error(source, exc, lines))) from None
+    found = problems(m) or _cell_problems(m)
     if found:
         loc, msg = found[0]
-        at = _nearest_line(_line_index(node), loc)
+        at = _nearest_line(lines, loc)
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-        raise AttnkitError(f"{source}{f':{at}' if at else ''}: {_dotted(loc)}: {msg}{more}")
+        raise AttnkitError(_one_line(f"{source}{f':{at}' if at else ''}: {_dotted(loc)}: {msg}{more}"))
     return m
+
+
+def _cell_problems(m: Matrix) -> list[tuple[Path_, str]]:
+    """What only the expanded cells show: the build rules produce some cell, and the reference cell (the one
+    `latest` is tagged on and the machine we test on) is one of them."""
+    from attnkit.matrix.expand import all_cells
+
+    cells = all_cells(m)
+    if not any(c.cuda is not None for c in cells):
+        return [(("build",), "the build rules produce no CUDA cell; check build.python and build.exclude")]
+    ref = m.reference_cell
+    if not any((c.torch, c.cuda, c.python) == (ref.torch, ref.cuda, ref.python) for c in cells):
+        return [(("reference_cell",), f"torch {ref.torch}, CUDA {ref.cuda}, Python {ref.python} is not a cell the "
+                 "build rules produce (no image would carry the latest tag); add it to build.include or pick a "
+                 "built cell")]
+    return []
 
 
 def load_matrix(path: str | Path | None = None) -> Matrix:

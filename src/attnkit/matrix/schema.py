@@ -9,27 +9,36 @@ runs once and reports through the same one-line error path, with the line.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 from packaging.version import InvalidVersion, Version
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-_MINOR_RE = re.compile(r"^\d+\.\d+$")
-_SM_RE = re.compile(r"^\d{2,3}$")
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-_DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+# ASCII only, and \Z (not $, which also matches before a trailing newline): a version or name read from the file
+# becomes part of cell ids, image tags and file names. Bounded lengths keep packaging's int() of a segment cheap.
+_MINOR_RE = re.compile(r"[0-9]{1,4}\.[0-9]{1,4}\Z", re.ASCII)
+_SM_RE = re.compile(r"[0-9]{2,3}\Z", re.ASCII)
+_ARCH_RE = re.compile(r"[0-9]{1,3}\.[0-9]{1,3}(\+PTX)?\Z", re.ASCII)
+_SHA256_RE = re.compile(r"[0-9a-f]{64}\Z", re.ASCII)
+_DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}\Z", re.ASCII)
+_RELEASE_RE = re.compile(r"[0-9A-Za-z.+!_-]{1,64}\Z", re.ASCII)
+_REGISTRY_RE = re.compile(r"[a-z0-9][a-z0-9.-]*(:[0-9]{1,5})?(/[a-z0-9][a-z0-9._-]*)*\Z", re.ASCII)
+_URL_RE = re.compile(r"https?://[\x21-\x7e]+\Z", re.ASCII)  # printable ASCII, no spaces or control characters
 
 
 def _minor(value: str) -> str:
     if not _MINOR_RE.match(value):
-        raise ValueError(f"{value!r} is not a MAJOR.MINOR version such as '12.8'")
+        raise ValueError(f"{value!r} is not a MAJOR.MINOR version such as '12.8' (ASCII digits)")
     return value
 
 
 def _release(value: str) -> str:
+    if not _RELEASE_RE.match(value):
+        raise ValueError(f"{value[:80]!r} is not a PEP 440 version such as '2.11.0' (ASCII, at most 64 characters)")
     try:
         Version(value)
-    except InvalidVersion:
+    except (InvalidVersion, ValueError):
         raise ValueError(f"{value!r} is not a PEP 440 version such as '2.11.0'") from None
     return value
 
@@ -41,7 +50,7 @@ def _sm(value: str) -> str:
 
 
 def _arch(value: str) -> str:
-    if not re.match(r"^\d+\.\d+(\+PTX)?$", value):
+    if not _ARCH_RE.match(value):
         raise ValueError(f"{value!r} is not a TORCH_CUDA_ARCH_LIST entry such as '9.0'")
     return value
 
@@ -58,12 +67,33 @@ def _digest(value: str | None) -> str | None:
     return value
 
 
+def _registry(value: str) -> str:
+    if not _REGISTRY_RE.match(value):
+        raise ValueError(f"{value[:80]!r} is not a registry such as 'ghcr.io/attnkit' (lowercase ASCII host[:port]/path, "
+                         "no spaces or newlines)")
+    return value
+
+
+def _url(value: str) -> str:
+    if not _URL_RE.match(value):
+        raise ValueError(f"{value[:80]!r} is not an http(s):// URL (printable ASCII, no spaces or newlines)")
+    return value
+
+
+def _schema_version(value: object) -> object:
+    if type(value) is not int:  # YAML `true` and `1.0` compare equal to 1; only the integer 1 is a version
+        raise ValueError(f"got {type(value).__name__} {value!r}; allowed: 1 (the integer)")
+    return value
+
+
 MinorVersion = Annotated[str, AfterValidator(_minor)]
 ReleaseVersion = Annotated[str, AfterValidator(_release)]
 SmNumber = Annotated[str, AfterValidator(_sm)]
 ArchEntry = Annotated[str, AfterValidator(_arch)]
 Sha256 = Annotated[str, AfterValidator(_sha256)]
 Digest = Annotated[str | None, AfterValidator(_digest)]
+Registry = Annotated[str, AfterValidator(_registry)]
+Url = Annotated[str, AfterValidator(_url)]
 Variant = Literal["runtime", "devel"]
 VARIANTS: tuple[Variant, ...] = ("runtime", "devel")
 
@@ -108,7 +138,7 @@ class TorchRelease(_Strict):
 
 
 class ImageRef(_Strict):
-    image: str = Field(min_length=1)
+    image: str = Field(min_length=1, pattern=r"^[\x21-\x7e]+$")  # printable ASCII: no spaces or newlines
     digest: Digest = None
 
     def ref(self) -> str:
@@ -132,7 +162,7 @@ class CpuSection(_Strict):
 
 
 class Sdist(_Strict):
-    url: str = Field(pattern=r"^https://")
+    url: Url = Field(pattern=r"^https://")
     sha256: Sha256
 
 
@@ -174,9 +204,9 @@ class PypiPackage(_Strict):
 
 
 class Publish(_Strict):
-    registry: str
+    registry: Registry
     image: str = Field(pattern=r"^[a-z0-9][a-z0-9._/-]*$")
-    wheel_site: str = Field(pattern=r"^https?://")  # the site root; each key's index is <site>/<key>/simple
+    wheel_site: Url  # the site root; each key's index is <site>/<key>/simple
     platforms: list[Literal["linux/amd64", "linux/arm64"]] = Field(min_length=1)
 
 
@@ -207,7 +237,7 @@ class ReferenceCell(_Strict):
 
 
 class Matrix(_Strict):
-    schema_version: Literal[1]
+    schema_version: Annotated[Literal[1], BeforeValidator(_schema_version)]
     torch: dict[MinorVersion, TorchRelease] = Field(min_length=1)
     cuda: dict[MinorVersion, CudaToolkit] = Field(min_length=1)
     cpu: CpuSection
@@ -264,6 +294,23 @@ def combination_reasons(m: Matrix, torch: str | None, cuda: str | None, python: 
     return reasons if torch is not None else [f"no torch release fits: {'; '.join(reasons)}"]
 
 
+def _rule(spec: BaseModel) -> str:
+    """'torch 2.9, cuda 13.0, python 3.12': a build rule as the error names it."""
+    return ", ".join(f"{k} {v}" for k, v in spec.model_dump().items() if v is not None)
+
+
+def _repeats(loc: tuple[str | int, ...], items: Sequence[str]) -> list[Problem]:
+    """A list entry given twice (each would become its own cell, CI job or image tag): one problem per repeat."""
+    seen: dict[str, int] = {}
+    out: list[Problem] = []
+    for i, item in enumerate(items):
+        if item in seen:
+            out.append(((*loc, i), f"{item!r} is listed twice (entries {seen[item]} and {i}); give each once"))
+        else:
+            seen[item] = i
+    return out
+
+
 def problems(m: Matrix) -> list[Problem]:
     """Every fact that spans fields, checked ONCE, by the loader, which names the line of each: releases and
     their CUDAs are described, and every cell the build rules name (include, cpu, reference) is one that
@@ -273,6 +320,12 @@ def problems(m: Matrix) -> list[Problem]:
         parsed = Version(release.version)
         if f"{parsed.major}.{parsed.minor}" != minor:
             out.append((("torch", minor, "version"), f"{release.version} is not a {minor}.x release"))
+        out += _repeats(("torch", minor, "cuda", "stable"), release.cuda.stable)
+        out += _repeats(("torch", minor, "cuda", "experimental"), release.cuda.experimental)
+        for i, cuda in enumerate(release.cuda.experimental):
+            if cuda in release.cuda.stable:
+                out.append((("torch", minor, "cuda", "experimental", i),
+                            f"CUDA {cuda} is listed as both stable and experimental; allowed in one of the two"))
         for field_name, cudas in (("stable", release.cuda.stable), ("experimental", release.cuda.experimental)):
             for i, cuda in enumerate(cudas):
                 if cuda not in m.cuda:
@@ -288,6 +341,16 @@ def problems(m: Matrix) -> list[Problem]:
             elif pins[0] != (name, pp.version):
                 out.append((("pypi_packages", name, "requires", label),
                             f"must start with {name}=={pp.version} (the package itself, at its version)"))
+    for cuda_name, cuda_tk in m.cuda.items():
+        out += _repeats(("cuda", cuda_name, "torch_arch_list"), cuda_tk.torch_arch_list)
+    out += _repeats(("publish", "platforms"), m.publish.platforms)
+    out += _repeats(("build", "python"), m.build.python)
+    out += _repeats(("build", "include"), [_rule(s) for s in m.build.include])
+    out += _repeats(("build", "exclude"), [_rule(s) for s in m.build.exclude])
+    out += _repeats(("build", "cpu"), [_rule(s) for s in m.build.cpu])
+    for i, spec in enumerate(m.build.exclude):
+        if spec.torch is None and spec.cuda is None and spec.python is None:
+            out.append((("build", "exclude", i), "an empty rule would exclude every cell; give torch, cuda and/or python"))
     for i, spec in enumerate(m.build.include):
         if spec.torch is None or spec.cuda is None or spec.python is None:
             out.append((("build", "include", i), "needs torch, cuda and python"))

@@ -12,15 +12,19 @@ were compiled now, warm when they came from the cache.
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
 
 from attnkit.errors import AttnkitError
 
 DTYPES = ("float16", "bfloat16")
+
+
+Count = Annotated[int, Strict(), Field(ge=1)]  # strict: JSON `true` is not 1 head, 2.5 is not a length
 
 
 class WarmupShape(BaseModel):
@@ -29,19 +33,19 @@ class WarmupShape(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     label: str = ""
-    batch: int = Field(1, ge=1)
-    seqlen: int | None = Field(None, ge=1, description="queries = keys (self-attention)")
-    seqlen_q: int | None = Field(None, ge=1)
-    seqlen_k: int | None = Field(None, ge=1)
-    heads: int = Field(ge=1)
-    kv_heads: int | None = Field(None, ge=1)
-    head_dim: int = Field(ge=1)
+    batch: Count = 1
+    seqlen: Count | None = Field(None, description="queries = keys (self-attention)")
+    seqlen_q: Count | None = None
+    seqlen_k: Count | None = None
+    heads: Count
+    kv_heads: Count | None = None
+    head_dim: Count
     dtype: Literal["float16", "bfloat16"] = "bfloat16"
-    causal: bool = True
-    window: tuple[int, int] | None = None
-    softcap: float = Field(0.0, ge=0)
-    lengths: tuple[int, ...] | None = Field(None, description="packed varlen: per-sequence lengths")
-    train: bool = True
+    causal: Annotated[bool, Strict()] = True
+    window: tuple[Annotated[int, Strict()], Annotated[int, Strict()]] | None = None
+    softcap: Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)] = 0.0
+    lengths: tuple[Count, ...] | None = Field(None, description="packed varlen: per-sequence lengths")
+    train: Annotated[bool, Strict()] = True
 
     @model_validator(mode="after")
     def _check(self) -> WarmupShape:
@@ -69,63 +73,126 @@ class WarmupShape(BaseModel):
                               f"{f' window={self.window}' if self.window else ''}{' train' if self.train else ''}")
 
 
+def _read_json(option: str, path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise AttnkitError(f"{option} {path}: cannot read ({exc.strerror})") from None
+    except RecursionError:
+        raise AttnkitError(f"{option} {path}: not JSON this program reads (nested too deeply)") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise AttnkitError(f"{option} {path}: not JSON ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+
+
+def _validation_message(exc: ValidationError) -> str:
+    """'heads: Input should be greater than or equal to 1 (got 0)': pydantic's first error, on one line."""
+    e = exc.errors(include_url=False)[0]
+    where = "".join(f"{x}: " for x in e["loc"])
+    got = f" (got {e['input']!r})" if e["type"] != "value_error" and not isinstance(e.get("input"), dict) else ""
+    return " ".join(f"{where}{e['msg'].removeprefix('Value error, ')}{got}"[:400].split())
+
+
 def load_shapes(path: str) -> list[WarmupShape]:
     """A JSON list of shapes; one-line errors that name the file, the entry and the field."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise AttnkitError(f"--shapes {path}: cannot read ({exc.strerror})") from None
-    except ValueError as exc:
-        raise AttnkitError(f"--shapes {path}: not JSON ({exc})") from None
+    data = _read_json("--shapes", Path(path))
     if not isinstance(data, list) or not data:
-        raise AttnkitError(f"--shapes {path}: expected a non-empty JSON list of shapes")
+        raise AttnkitError(f"--shapes {path}: expected a non-empty JSON list of shapes (objects with heads, "
+                           f"head_dim, seqlen, ...), got {type(data).__name__}{' (empty)' if data == [] else ''}")
     out = []
     for i, item in enumerate(data):
+        if not isinstance(item, dict):
+            raise AttnkitError(f"--shapes {path}: entry {i}: expected an object with heads, head_dim, seqlen, ..., "
+                               f"got {type(item).__name__}")
         try:
             out.append(WarmupShape.model_validate(item))
         except ValidationError as exc:
-            e = exc.errors()[0]
-            where = "".join(f"{x}: " for x in e["loc"])
-            raise AttnkitError(f"--shapes {path}: entry {i}: {where}{e['msg'].removeprefix('Value error, ')}") from None
+            raise AttnkitError(f"--shapes {path}: entry {i}: {_validation_message(exc)}") from None
     return out
+
+
+def _config_int(cfg_path: Path, cfg: dict[str, Any], key: str, required: bool = True) -> int | None:
+    """A count from a model config: a JSON integer >= 1 (not true, not 2.5, not "32"); None when absent or null
+    and not required."""
+    value = cfg.get(key)
+    if value is None and not required:
+        return None
+    if value is None:
+        raise AttnkitError(f"--model {cfg_path}: needs num_attention_heads and head_dim or hidden_size ({key} is "
+                           "missing; an integer >= 1)")
+    if type(value) is not int or value < 1:
+        raise AttnkitError(f"--model {cfg_path}: {key}: expected an integer >= 1, got {value!r}"[:300])
+    return value
 
 
 def shapes_from_model(path: str, seqlen: int, batch: int, dtype: str | None) -> list[WarmupShape]:
     """The attention calls of a Hugging Face model (config.json, or the folder holding it): a training step
     at `seqlen`, a prefill and a decode step against a `seqlen` cache; sliding-window and softcap settings
     (Mistral, Gemma 2/3, Qwen) carried over."""
+    for option, value in (("--seqlen", seqlen), ("--batch", batch)):
+        if type(value) is not int or value < 1:
+            raise AttnkitError(f"{option}: expected an integer >= 1, got {value!r}")
     p = Path(path)
     cfg_path = p / "config.json" if p.is_dir() else p
-    try:
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise AttnkitError(f"--model {cfg_path}: cannot read ({exc.strerror})") from None
-    except ValueError as exc:
-        raise AttnkitError(f"--model {cfg_path}: not JSON ({exc})") from None
-    cfg = {**cfg, **cfg.get("text_config", {})}  # multimodal configs keep the language model's here
-    try:
-        heads = int(cfg["num_attention_heads"])
-        kv = int(cfg.get("num_key_value_heads") or heads)
-        head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise AttnkitError(f"--model {cfg_path}: needs num_attention_heads and head_dim or hidden_size ({exc})") from None
+    raw = _read_json("--model", cfg_path)
+    if not isinstance(raw, dict):
+        raise AttnkitError(f"--model {cfg_path}: expected a JSON object (a Hugging Face config.json), "
+                           f"got {type(raw).__name__}")
+    text_config = raw.get("text_config", {})
+    if not isinstance(text_config, dict):  # multimodal configs keep the language model's here
+        raise AttnkitError(f"--model {cfg_path}: text_config: expected an object (the language model's config), "
+                           f"got {'null' if text_config is None else type(text_config).__name__}")
+    cfg: dict[str, Any] = {**raw, **text_config}
+    heads = _config_int(cfg_path, cfg, "num_attention_heads")
+    assert heads is not None
+    kv = _config_int(cfg_path, cfg, "num_key_value_heads", required=False) or heads
+    if heads % kv:
+        raise AttnkitError(f"--model {cfg_path}: num_key_value_heads: {kv} does not divide num_attention_heads "
+                           f"{heads}; allowed: a divisor of it")
+    head_dim = _config_int(cfg_path, cfg, "head_dim", required=False)
+    if head_dim is None:
+        if cfg.get("hidden_size") is None:
+            raise AttnkitError(f"--model {cfg_path}: needs num_attention_heads and head_dim or hidden_size (both "
+                               "head_dim and hidden_size are missing; integers >= 1)")
+        hidden = _config_int(cfg_path, cfg, "hidden_size")
+        assert hidden is not None
+        if hidden % heads:
+            raise AttnkitError(f"--model {cfg_path}: hidden_size {hidden} is not a multiple of num_attention_heads "
+                               f"{heads}; give head_dim")
+        head_dim = hidden // heads
     dt = dtype or str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
     if dt not in DTYPES:
         dt = "bfloat16"
-    softcap = float(cfg.get("attn_logit_softcapping") or 0.0)
-    sw = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+    softcap_raw = cfg.get("attn_logit_softcapping")
+    if softcap_raw is None:
+        softcap = 0.0
+    elif type(softcap_raw) not in (int, float) or not math.isfinite(softcap_raw) or softcap_raw < 0:
+        raise AttnkitError(f"--model {cfg_path}: attn_logit_softcapping: expected a finite number >= 0 (or null), "
+                           f"got {softcap_raw!r}"[:300])
+    else:
+        softcap = float(softcap_raw)
+    use_sw = cfg.get("use_sliding_window", True)
+    sw = cfg.get("sliding_window") if use_sw is not False and use_sw is not None else None
+    if sw is not None and (type(sw) is not int or sw < 0):
+        raise AttnkitError(f"--model {cfg_path}: sliding_window: expected an integer >= 1 (tokens), or null or 0 for "
+                           f"none, got {sw!r}"[:300])
     layer_types = cfg.get("layer_types") or []
+    if not isinstance(layer_types, list):
+        raise AttnkitError(f"--model {cfg_path}: layer_types: expected a list of 'full_attention' / "
+                           f"'sliding_attention', got {type(layer_types).__name__}")
     windows: list[tuple[int, int] | None] = []
     if sw and (not layer_types or "sliding_attention" in layer_types):
-        windows.append((int(sw) - 1, 0))  # HF's window counts the query itself, as flash-attn's left + 1
+        windows.append((sw - 1, 0))  # HF's window counts the query itself, as flash-attn's left + 1
     if not sw or "full_attention" in layer_types:
         windows.append(None)
     out = []
     name = cfg_path.parent.name or "model"
     for w in windows:
         tag = f" window {w[0] + 1}" if w else ""
-        base = WarmupShape.model_validate({"heads": heads, "kv_heads": kv, "head_dim": head_dim, "dtype": dt,
-                                           "window": w, "softcap": softcap, "batch": batch, "seqlen": seqlen})
+        try:
+            base = WarmupShape.model_validate({"heads": heads, "kv_heads": kv, "head_dim": head_dim, "dtype": dt,
+                                               "window": w, "softcap": softcap, "batch": batch, "seqlen": seqlen})
+        except ValidationError as exc:  # the checks above should leave nothing; still one line, never a traceback
+            raise AttnkitError(f"--model {cfg_path}: {_validation_message(exc)}") from None
         out += [base.model_copy(update={"label": f"{name} train B={batch} S={seqlen}{tag}"}),
                 base.model_copy(update={"label": f"{name} prefill B={batch} S={seqlen}{tag}", "train": False}),
                 base.model_copy(update={"label": f"{name} decode B={batch} Sk={seqlen}{tag}", "train": False,
