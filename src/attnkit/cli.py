@@ -478,7 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     rd = sub.add_parser("readme", help="regenerate (or --check) the README's matrix table")
     rd.add_argument("--file")
-    rd.add_argument("--readme", default="README.md")
+    rd.add_argument("--readme", default="docs/matrix.md", help="the markdown file holding the matrix table")
     rd.add_argument("--check", action="store_true", help="fail if the table is out of date")
     rd.set_defaults(func=_cmd_readme)
 
