@@ -42,3 +42,15 @@ def test_every_argument_of_the_user_facing_commands_has_help() -> None:
         for action in sub.choices[name]._actions:
             if action.dest != "help":
                 assert action.help, f"{name} {action.dest}"
+
+
+@pytest.mark.parametrize("argv", [
+    ["smoke", "--case", "mha", "--backend", "sdpa_math", "--report", "/proc/attnkit-no/r.json"],
+    ["smoke", "--case", "mha", "--backend", "sdpa_math", "--report", "/tmp/" + "x" * 300 + ".json"],
+])
+def test_an_unwritable_report_is_one_line_naming_the_path(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err and "cannot be written" in err
+    assert argv[-1][:40] in err

@@ -8,10 +8,19 @@ import tempfile
 from pathlib import Path
 
 
+class WriteError(OSError):
+    """An output that cannot be written: one line naming the path (an OSError, so callers that tolerate a
+    failed write, like the autotune cache, still do). The CLI prints it as any attnkit error."""
+
+
 def write_atomic(path: str | Path, data: str | bytes) -> Path:
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name[:200]}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise WriteError(f"{target}: cannot be written ({exc.strerror or type(exc).__name__}); give a path in a "
+                         "writable folder") from None
     try:
         # mkstemp makes the file 0600: give it the target's mode, or what a plain open() would (0666 - umask)
         umask = os.umask(0)
@@ -22,6 +31,10 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise WriteError(f"{target}: cannot be written ({exc.strerror or type(exc).__name__}); give a path in a "
+                         "writable folder") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from attnkit._io import WriteError
 from attnkit.errors import AttnkitError, UsageError
 
 FORMATS = ("table", "json", "github", "bake", "markdown")
@@ -702,7 +703,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"attnkit: error: {exc}", file=sys.stderr)
         return 2
-    except AttnkitError as exc:
+    except (AttnkitError, WriteError) as exc:
         print(f"attnkit: error: {exc}", file=sys.stderr)
         return 1
     except BrokenPipeError:
