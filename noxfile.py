@@ -196,6 +196,21 @@ def oracle(session: nox.Session) -> None:
 
 
 @nox.session(venv_backend="none")
+def tune(session: nox.Session) -> None:
+    """On the GPU whose selection table it writes, in THIS environment: `attnkit tune` (the sweep of
+    runtime/tune.py) appending to one results file per shard, resumable. `-- [attnkit tune options]`; without
+    --out, <reports>/<date>-<host>-tune-<shard>.jsonl with --resume. Then, once every shard is measured:
+    `attnkit tune --merge FILES --table src/attnkit/data/selection/<arch>.json --png` and `attnkit tune --validate`."""
+    env = _current_env(session)
+    args = list(session.posargs)
+    if "--out" not in args and "--merge" not in args and "--validate" not in args and "--plan" not in args:
+        shard = args[args.index("--shard") + 1].replace("/", "of") if "--shard" in args else "1of1"
+        args += ["--out", _report_path(f"tune-{shard}").removesuffix(".json") + ".jsonl", "--resume"]
+        Path(args[-2]).parent.mkdir(parents=True, exist_ok=True)
+    session.run(sys.executable, "-m", "attnkit.cli", "tune", *args, env=env)
+
+
+@nox.session(venv_backend="none")
 def integrations(session: nox.Session) -> None:
     """On a GPU, in THIS environment: an HF model's training step (sdpa vs attnkit, eager vs compiled), the
     kernels in the compiled graph, and CUDA-graph decode capture per backend; JSON report."""

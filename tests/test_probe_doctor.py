@@ -30,7 +30,7 @@ def test_doctor_json(capsys):
     assert set(rep["backends"]) >= {"sdpa", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math",
                                      "flash_attn2", "flash_attn3", "flash_attn4", "xformers"}
     if rep["device"] == "cpu" and rep["probe"]["torch"] is not None:
-        assert {s["row"] for s in rep["shapes"].values()} == {"default"}  # rows are per GPU architecture
+        assert {s["decided_by"] for s in rep["shapes"].values()} == {"default: cpu order"}  # tables, rows: per GPU
         assert rep["shapes"]["train causal D128"]["backend"] == "sdpa_cpu"
     if rep["probe"]["torch"] is None:
         assert all(not b["available"] for b in rep["backends"].values())

@@ -134,7 +134,8 @@ def test_no_backend_lists_every_backend_and_reason():
     for name in REGISTRY:
         assert f"  {name}: " in msg
     assert "flash-attn is not installed" in msg and "dtype float64 not supported" in msg
-    assert "runs on cuda, not mps" in msg and len(msg.splitlines()) == 1 + len(REGISTRY)
+    assert "runs on cuda, not mps" in msg and len(msg.splitlines()) == 2 + len(REGISTRY)
+    assert msg.splitlines()[-1] == "  (order decided by default: mps order)"
 
 
 def test_explicit_backend_fails_loudly_with_reasons(monkeypatch):
@@ -214,7 +215,7 @@ def test_autotune_picks_fastest_and_persists(tmp_path):
     p = fake_probe((9, 0), ("flash-attn",))
     sel.SELECTOR.autotune = True
     speeds = {"sdpa_cudnn": 3.0, "flash_attn2": 1.0, "sdpa_flash": 2.0, "sdpa": 4.0, "sdpa_efficient": 5.0,
-              "sdpa_math": 9.0}
+              "flex": 6.0, "sdpa_math": 9.0}
     timed: list[str] = []
 
     def timer(b):

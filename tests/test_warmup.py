@@ -54,6 +54,15 @@ def test_model_configs_become_train_prefill_and_decode_shapes(tmp_path):
     g = warmup.shapes_from_model(str(tmp_path / "config.json"), 4096, 1, None)
     assert {s.window for s in g} == {(4095, 0), None} and {s.softcap for s in g} == {50.0} and len(g) == 6
     assert {s.dtype for s in g} == {"bfloat16"}
+    bloom = {"model_type": "bloom", "n_head": 32, "n_embed": 4096}  # BLOOM's own key names, ALiBi
+    (tmp_path / "config.json").write_text(json.dumps(bloom))
+    b = warmup.shapes_from_model(str(tmp_path), 2048, 2, None)
+    assert {(s.heads, s.head_dim, s.alibi) for s in b} == {(32, 128, True)} and len(b) == 3
+    mpt = {"n_heads": 32, "d_model": 4096, "attn_config": {"alibi": True}}
+    (tmp_path / "config.json").write_text(json.dumps(mpt))
+    assert {s.alibi for s in warmup.shapes_from_model(str(tmp_path), 2048, 2, None)} == {True}
+    assert "alibi" in warmup.WarmupShape(heads=4, head_dim=64, seqlen=128, alibi=True).name()
+    assert not any(s.alibi for s in shapes)  # llama
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 10}))
     with pytest.raises(AttnkitError, match="needs num_attention_heads and head_dim or hidden_size"):
         warmup.shapes_from_model(str(tmp_path), 4096, 1, None)

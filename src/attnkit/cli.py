@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from attnkit._io import WriteError
+from attnkit._io import WriteError, write_atomic
 from attnkit.errors import AttnkitError, UsageError
 
 FORMATS = ("table", "json", "github", "bake", "markdown")
@@ -124,6 +124,43 @@ def _cmd_oracle(a: argparse.Namespace) -> int:
                          "or --merge REPORT... to join shard reports")
     return run_oracle(a.tests, out=a.out, budget=a.budget, shard=a.shard, backends=a.backend,
                       words=a.filter.split(",") if a.filter else None)
+
+
+def _cmd_tune(a: argparse.Namespace) -> int:
+    from attnkit.runtime import tune
+
+    if a.merge:
+        if not a.table:
+            raise UsageError("--table: required with --merge (where <arch>.json goes, e.g. "
+                             "src/attnkit/data/selection/sm90.json)")
+        table = tune.merge([Path(f) for f in a.merge], arch=a.arch)
+        write_atomic(Path(a.table), json.dumps(table, indent=1) + "\n")
+        print(f"wrote {a.table}: {len(table['cells'])} cells from {table['provenance']['cases']} cases")
+        if a.png:
+            png = Path(a.table).with_suffix(".png") if a.png == "-" else Path(a.png)
+            tune.chart(table, png)
+            print(f"wrote {png}")
+        return 0
+    if a.validate:
+        rep = tune.validate(Path(a.out) if a.out else None, quick=a.quick)
+        print(json.dumps(rep["summary"], indent=1))
+        return 0
+    if a.plan:
+        cases = tune.plan(tune.QUICK if a.quick else tune.FEATURES)
+        mine = cases[a.shard[0] - 1::a.shard[1]] if a.shard else cases
+        for s in mine:
+            print(s.label)
+        print(f"{len(mine)} cases", file=sys.stderr)
+        return 0
+    if not a.out:
+        raise UsageError("--out: required (the JSON-lines file this shard's results are appended to)")
+    out = Path(a.out)
+    if out.exists() and not a.resume:
+        raise UsageError(f"--out: {out} exists; pass --resume to continue it, or choose a new file")
+    res = tune.run(out, shard=a.shard or (1, 1), budget_s=a.budget, quick=a.quick,
+                   refine_from=[Path(f) for f in a.refine] if a.refine else None, max_cases=a.max_cases)
+    print(json.dumps(res))
+    return 0
 
 
 def _shard_arg(text: str) -> tuple[int, int]:
@@ -510,6 +547,24 @@ def build_parser() -> argparse.ArgumentParser:
     orc.add_argument("--filter", help="keep cases whose tag holds every comma-separated word, e.g. varlen,alibi=True")
     orc.add_argument("--merge", nargs="+", metavar="REPORT", help="join shard reports into one (--out)")
     orc.set_defaults(func=_cmd_oracle)
+
+    tu = sub.add_parser("tune", help="measure every backend over a grid of call features; write selection tables")
+    tu.add_argument("--out", help="JSON-lines results of this shard (appended case by case; see --resume)")
+    tu.add_argument("--resume", action="store_true", help="continue an existing --out file (skips its cases)")
+    tu.add_argument("--shard", type=_shard_arg, help="I/N: run the I-th of N parts of the plan")
+    tu.add_argument("--budget", type=_seconds_arg, default=1500.0, help="stop starting cases after this many seconds")
+    tu.add_argument("--max-cases", type=_positive_int, help="run at most this many cases now")
+    tu.add_argument("--quick", action="store_true", help="the small grid (a CPU run of the whole pipeline)")
+    tu.add_argument("--refine", nargs="+", metavar="FILE", help="measure midpoints where these results' winners change")
+    tu.add_argument("--plan", action="store_true", help="print the planned cases (of --shard) and their count")
+    tu.add_argument("--merge", nargs="+", metavar="FILE", help="turn result files into a selection table (--table)")
+    tu.add_argument("--table", help="with --merge: the table to write (e.g. src/attnkit/data/selection/sm90.json)")
+    tu.add_argument("--arch", help="with --merge: the table's architecture name (default: from the results' GPU)")
+    tu.add_argument("--png", nargs="?", const="-", help="with --merge: a PNG of the winner per point (default: "
+                                                        "beside --table)")
+    tu.add_argument("--validate", action="store_true", help="time held-out shapes (not grid points): attnkit against "
+                                                           "the fastest correct candidate; --out writes the report")
+    tu.set_defaults(func=_cmd_tune)
 
     wu = sub.add_parser("warmup", help="compile JIT kernels (FlashAttention-4) for a list of shapes ahead of time")
     wu.add_argument("--shapes", help="JSON list of shapes: heads, head_dim, seqlen | seqlen_q+seqlen_k | lengths, ...")

@@ -53,34 +53,37 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
                                             -1 if max_seqlen_k is None else max_seqlen_k))
     if _jit_tracing() is not None:  # torch.jit.is_tracing() without its wrapper
         return graph.run_traced(_inputs(**locals()), backend, "jit")
-    if alibi_slopes is None and attn_bias is None:  # per-call tensor values: such calls are never cached
-        try:
-            dt = q.dtype
-            same = k.dtype is dt and v.dtype is dt
-        except AttributeError:  # not tensors: validation says which argument, in one line
-            same = False
-        if same and (window is None or type(window) is tuple):
-            grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-            key = (q.shape, k.shape, v.shape, dt, q.device, causal, softmax_scale, dropout_p, window, softcap,
-                   backend, grad, grad and torch.are_deterministic_algorithms_enabled())
-            if cu_seqlens_q is None and cu_seqlens_k is None:
-                hit = _lookup(key)
-                if hit is not None:
-                    try:
-                        return hit.runner(q, k, v)
-                    except Exception as exc:
-                        return dispatch.fallback(hit.backend, exc, _inputs(**locals()), backend)
-                return dispatch.first(_inputs(**locals()), backend, key, None)
-            if cu_seqlens_q is not None and cu_seqlens_k is not None:
-                vkey = (*key, id(cu_seqlens_q), cu_seqlens_q._version, id(cu_seqlens_k), cu_seqlens_k._version,
-                        max_seqlen_q, max_seqlen_k)
-                vhit = dispatch.lookup_varlen(vkey, cu_seqlens_q, cu_seqlens_k)
-                if vhit is not None:
-                    try:
-                        return vhit.runner(q, k, v)
-                    except Exception as exc:
-                        return dispatch.fallback(vhit.backend, exc, _inputs(**locals()), backend)
-                return dispatch.first(_inputs(**locals()), backend, None, vkey)
+    try:
+        dt = q.dtype
+        same = k.dtype is dt and v.dtype is dt
+    except AttributeError:  # not tensors: validation says which argument, in one line
+        same = False
+    if same and (window is None or type(window) is tuple):
+        grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        key = (q.shape, k.shape, v.shape, dt, q.device, causal, softmax_scale, dropout_p, window, softcap,
+               backend, grad, grad and torch.are_deterministic_algorithms_enabled())
+        if cu_seqlens_q is None and cu_seqlens_k is None and alibi_slopes is None and attn_bias is None:
+            hit = _lookup(key)
+            if hit is not None:
+                try:
+                    return hit.runner(q, k, v)
+                except Exception as exc:
+                    return dispatch.fallback(hit.backend, exc, _inputs(**locals()), backend)
+            return dispatch.first(_inputs(**locals()), backend, key, None)
+        # tensors in the signature by identity and in-place version (a learned bias, one that requires grad,
+        # is bound anew for every call: what was prepared from it would leave its autograd graph)
+        held = dispatch.identity_tensors(cu_seqlens_q, cu_seqlens_k, alibi_slopes, attn_bias)
+        if (cu_seqlens_q is None) == (cu_seqlens_k is None) and all(
+                type(t) is torch.Tensor and not t.requires_grad for t in held):
+            vkey = (*key, *((id(t), t._version, t.shape) for t in held), alibi_slopes is None, max_seqlen_q,
+                    max_seqlen_k)
+            vhit = dispatch.lookup_varlen(vkey, *held)
+            if vhit is not None:
+                try:
+                    return vhit.runner(q, k, v)
+                except Exception as exc:
+                    return dispatch.fallback(vhit.backend, exc, _inputs(**locals()), backend)
+            return dispatch.first(_inputs(**locals()), backend, None, vkey)
     return dispatch.first(_inputs(**locals()), backend, None, None)
 
 

@@ -19,6 +19,7 @@ is reported and cannot be the oracle (the fastest correct candidate).
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import itertools
 import json
 import math
@@ -32,10 +33,11 @@ from typing import Any
 
 from attnkit._io import write_atomic
 from attnkit.errors import first_line
+from attnkit.runtime import table
 
 PLAIN = "sdpa_plain"
 AUTO = "attnkit"
-LIBRARIES = ("flash_attn4", "flash_attn2", "xformers")  # library functions called directly, when installed
+LIBRARIES = ("flash_attn4", "flash_attn2", "xformers", "flex")  # library functions called directly, when installed
 MATH_MAX_SCORES = 1 << 26  # sdpa_math materialises B*H*Sq*Sk scores: bench it only where that is small
 REF_ROWS = 256  # query rows checked per (sequence, head) against the float32 reference
 # forward max abs error allowed against the float32 reference (2x the smoke's float64 tolerance)
@@ -58,6 +60,8 @@ class Shape:
     window: tuple[int, int] | None = None
     lengths: tuple[int, ...] | None = None  # packed varlen self-attention: the sequences' lengths
     train: bool = True  # forward+backward timed too
+    alibi: bool = False  # ALiBi with the usual geometric slopes (2^(-8 h / heads))
+    softcap: float = 0.0
 
 
 def _varlen(label: str, lengths: tuple[int, ...], heads: int, kv_heads: int, d: int, **kw: Any) -> Shape:
@@ -195,6 +199,12 @@ class Case:
             return torch.randn(*shape, generator=gen, device=device, dtype=dt)
 
         kw: dict[str, Any] = {"causal": s.causal, "window": s.window}
+        self.slopes = None
+        if s.alibi:
+            self.slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / s.heads) for h in range(s.heads)], device=device)
+            kw["alibi_slopes"] = self.slopes
+        if s.softcap:
+            kw["softcap"] = s.softcap
         if s.lengths is not None:
             total = sum(s.lengths)
             self.q, self.k, self.v = r(total, s.heads, s.head_dim), r(total, s.kv_heads, s.head_dim), \
@@ -247,7 +257,14 @@ class Case:
             from torch.nn.attention.bias import causal_lower_right
 
             kw["attn_mask"] = causal_lower_right(s.seqlen_q, s.seqlen_k)
+        if s.alibi or s.softcap:  # a bias (ALiBi, and the mask) built once, in q's dtype, as a user writes it
+            bias = _plain_bias(s, self.slopes, kw.pop("attn_mask", None), kw.pop("is_causal", False), self.device,
+                               self.q.dtype)
+            if bias is not None:
+                kw["attn_mask"] = bias
         sdpa = F.scaled_dot_product_attention
+        if s.softcap:  # SDPA has no softcap: the math written out
+            sdpa = functools.partial(layout.eager_sdpa, softcap=s.softcap)
         return lambda q, k, v: sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kw).transpose(1, 2)
 
     def candidates(self, grad: bool) -> tuple[dict[str, Callable[[], Any]], dict[str, str]]:
@@ -301,6 +318,31 @@ class Case:
         return run
 
 
+def _plain_bias(s: Shape, slopes: Any, mask: Any, causal: bool, device: str, dtype: Any) -> Any:
+    """The additive bias a user builds once for SDPA: -slope * |j - i - (Sk - Sq)|, -inf where the mask (or
+    bottom-right causal) rules a key out; None when there is nothing to add."""
+    import torch
+
+    from attnkit.runtime import layout
+
+    if mask is not None and not isinstance(mask, torch.Tensor):  # a causal_lower_right object: its dense form
+        mask = layout.allowed_mask(s.seqlen_q, s.seqlen_k, causal=True, window=None, device=device)
+    if mask is None and causal:
+        mask = layout.allowed_mask(s.seqlen_q, s.seqlen_k, causal=True, window=None, device=device)
+    if slopes is None:
+        return mask
+    if s.lengths is not None:  # padded varlen: per-sequence diagonals are all at i (self-attention)
+        sq = sk = max(s.lengths)
+    else:
+        sq, sk = s.seqlen_q, s.seqlen_k
+    i = torch.arange(sq, device=device)[:, None]
+    j = torch.arange(sk, device=device)[None, :]
+    bias = -slopes[:, None, None] * (j - i - (sk - sq)).abs()[None].float()
+    if mask is not None:
+        bias = bias.masked_fill(~mask, float("-inf"))
+    return bias.to(dtype)
+
+
 def _library_call(lib: str, c: Case) -> Callable[[], Any] | None:
     """The library's own function, called as its documentation shows; None where it has no direct form."""
     s, q, k, v = c.s, c.q, c.k, c.v
@@ -312,22 +354,54 @@ def _library_call(lib: str, c: Case) -> Callable[[], Any] | None:
         kw: dict[str, Any] = {"causal": s.causal}
         if s.window is not None:
             kw["window_size"] = tuple(None if w < 0 else w for w in s.window)
+        if s.softcap:
+            kw["softcap"] = s.softcap
         if s.lengths is not None:
             m = max(s.lengths)
             return lambda: _first(fa.flash_attn_varlen_func(q, k, v, cu_seqlens_q=c.cu, cu_seqlens_k=c.cu,
                                                             max_seqlen_q=m, max_seqlen_k=m, **kw))
         return lambda: _first(fa.flash_attn_func(q, k, v, **kw))
+    if lib == "flex":  # torch's FlexAttention as its documentation shows: compiled once, a block mask built once
+        if s.lengths is not None:
+            return None
+        import torch
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        off, win, slopes = s.seqlen_k - s.seqlen_q, s.window, c.slopes
+
+        def mask_mod(b: Any, h: Any, i: Any, j: Any) -> Any:
+            ok = j <= i + off if s.causal else j >= 0
+            if win is not None and win[0] >= 0:
+                ok = ok & (j >= i + off - win[0])
+            if win is not None and win[1] >= 0:
+                ok = ok & (j <= i + off + win[1])
+            return ok
+
+        def score_mod(score: Any, b: Any, h: Any, i: Any, j: Any) -> Any:
+            if s.softcap:
+                score = s.softcap * torch.tanh(score / s.softcap)
+            if slopes is not None:
+                score = score - slopes[h] * (j - i - off).abs()
+            return score
+        masked = s.causal or win is not None
+        block = create_block_mask(mask_mod, None, None, s.seqlen_q, s.seqlen_k, device=c.device) if masked else None
+        fn = torch.compile(flex_attention) if c.device == "cuda" else flex_attention
+        mod = score_mod if (s.softcap or slopes is not None) else None
+        gqa = s.heads != s.kv_heads
+        return lambda: fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), score_mod=mod, block_mask=block,
+                          enable_gqa=gqa).transpose(1, 2)
     if lib == "flash_attn2":
         import flash_attn
 
-        kw = {"causal": s.causal, "window_size": s.window or (-1, -1), "softmax_scale": scale}
+        kw = {"causal": s.causal, "window_size": s.window or (-1, -1), "softmax_scale": scale,
+              "softcap": s.softcap, "alibi_slopes": c.slopes}
         if s.lengths is not None:
             m = max(s.lengths)
             return lambda: flash_attn.flash_attn_varlen_func(q, k, v, c.cu, c.cu, m, m, **kw)
         return lambda: flash_attn.flash_attn_func(q, k, v, **kw)
     if lib == "xformers":
-        if s.window is not None or s.heads != s.kv_heads:
-            return None  # no bias class for our windows; GQA needs its 5-D form
+        if s.window is not None or s.heads != s.kv_heads or s.alibi or s.softcap:
+            return None  # no bias class for our windows, ALiBi or softcap; GQA needs its 5-D form
         from attnkit.runtime.loaders import load_fmha
 
         fmha = load_fmha()
@@ -370,6 +444,11 @@ def max_error(c: Case, out: Any, name: str) -> float:
         ok = layout.allowed_mask(sq, sk, causal=s.causal, window=s.window, device=c.device)[0, 0][rows]
         for h in dict.fromkeys([0, s.heads - 1]):
             scores = (q[rows, h].float() @ k[:, h // groups].float().T) / math.sqrt(s.head_dim)
+            if s.softcap:
+                scores = s.softcap * torch.tanh(scores / s.softcap)
+            if c.slopes is not None:
+                j = torch.arange(sk, device=c.device)[None, :]
+                scores = scores - c.slopes[h] * (j - rows[:, None] - (sk - sq)).abs().float()
             scores = scores.masked_fill(~ok, float("-inf"))
             p = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows that see no key: zeros
             ref = p @ v[:, h // groups].float()
@@ -399,7 +478,8 @@ def bench_shape(s: Shape, device: str, iters: int = 15, rounds: int = 5) -> dict
         chosen = select(call, p).name
         row = order_for(call, p.capability(call.device_index) if device == "cuda" else None)[1]
         out["selected_by_pass"][ps] = chosen
-        out["row"][ps] = row.label if row else "default"
+        out.setdefault("cell", {})[ps] = table.cell_of(call)
+        out["row"][ps] = row.describe()
         runs, absent = c.candidates(grad)
         out["absent"].update(absent)
         if grad:
@@ -425,6 +505,8 @@ def bench_shape(s: Shape, device: str, iters: int = 15, rounds: int = 5) -> dict
             out["ms"].setdefault(n, {})[ps] = {"sync": sync[n] * 1e3, "b2b": b2b[n] * 1e3}
         out.setdefault("b2b_calls", {})[ps] = calls
     out["selected"] = out["selected_by_pass"][passes[-1]]
+    out["head_dim"] = s.head_dim
+    out["log2_work"] = round(table.log2_work(call), 3)
     flops = attn_flops(s.batch, s.heads, s.seqlen_q, s.seqlen_k, s.head_dim, s.causal)
     out["flops_fwd"] = flops
     out["fa4_or_varlen"] = s.lengths is not None or "flash_attn4" in out["ms"]

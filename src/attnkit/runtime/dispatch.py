@@ -32,27 +32,28 @@ class Bound:
     backend: Backend
     call: AttentionCall
     bucket: tuple[Any, ...] = field(default=(), compare=False)
-    # varlen: the cu_seqlens tensors bound (weak: a step's tensors die with the step)
-    cu_seqlens: tuple[Any, Any] | None = field(default=None, compare=False)
+    # the tensors whose identity the signature includes (cu_seqlens, ALiBi slopes, attn_bias), weakly: a
+    # step's tensors die with the step, and their bound call with them
+    tensors: tuple[Any, ...] = field(default=(), compare=False)
 
     def __call__(self, q: Any, k: Any, v: Any) -> Any:
         return self.runner(q, k, v)
 
 
 _DENSE: dict[tuple[Any, ...], Bound] = {}
-# Varlen signatures also hold the cu_seqlens tensors (identity and in-place version): the layers of one step
-# share them, so the lengths are read to the host (a device sync) once per step, not once per layer.
+# Signatures that include tensors by identity and in-place version: varlen's cu_seqlens (the layers of one step
+# share them, so the lengths are read to the host, a device sync, once per step, not once per layer) and
+# ALiBi slopes / attn_bias (whose bias or score_mod is then prepared once per tensor, not once per call).
 _VARLEN: dict[tuple[Any, ...], Bound] = {}
 
 lookup = _DENSE.get  # the hot path: one dict lookup
 
 
-def lookup_varlen(key: tuple[Any, ...], cu_q: Any, cu_k: Any) -> Bound | None:
+def lookup_varlen(key: tuple[Any, ...], *tensors: Any) -> Bound | None:
     hit = _VARLEN.get(key)
-    if hit is None or hit.cu_seqlens is None:
+    if hit is None or len(hit.tensors) != len(tensors):
         return None
-    ref_q, ref_k = hit.cu_seqlens
-    return hit if ref_q() is cu_q and ref_k() is cu_k else None
+    return hit if all(r() is t for r, t in zip(hit.tensors, tensors, strict=True)) else None
 
 
 def insert(key: tuple[Any, ...] | None, vkey: tuple[Any, ...] | None, bound: Bound) -> None:
@@ -118,10 +119,14 @@ def bind_inputs(inp: Inputs, backend: str | None) -> Bound:
             return time_backend(lambda: runner(q.detach(), k.detach(), v.detach()), call.device)
 
     b = SELECTOR.select(call, probe(), backend, timer=timer)
-    cu = None
-    if call.varlen and inp.cu_seqlens_q is not None:
-        cu = (weakref.ref(inp.cu_seqlens_q), weakref.ref(inp.cu_seqlens_k))
-    return Bound(b.bind(call, params, q, k, v), b, call, call.bucket(), cu)
+    held = tuple(weakref.ref(t) for t in identity_tensors(inp.cu_seqlens_q, inp.cu_seqlens_k, inp.alibi_slopes,
+                                                           inp.attn_bias))
+    return Bound(b.bind(call, params, q, k, v), b, call, call.bucket(), held)
+
+
+def identity_tensors(*tensors: Any) -> tuple[Any, ...]:
+    """The tensors of a call that its signature holds by identity (the order is attention()'s key's)."""
+    return tuple(t for t in tensors if t is not None)
 
 
 def first(inp: Inputs, backend: str | None, key: tuple[Any, ...] | None = None,

@@ -65,10 +65,10 @@ def report(p: Probe | None = None, deep: bool = True) -> dict[str, Any]:
         backends[name] = {"available": not why, "reasons": why}
     shapes: dict[str, Any] = {}
     for label, call in (standard_calls(device).items() if p.torch is not None else ()):
-        row = order_for(call, p.capability(call.device_index) if device == "cuda" else None)[1]
+        decided = order_for(call, p.capability(call.device_index) if device == "cuda" else None)[1]
         try:
             chosen = SELECTOR.select(call, p).name
-            shapes[label] = {"call": call.describe(), "backend": chosen, "row": row.label if row else "default"}
+            shapes[label] = {"call": call.describe(), "backend": chosen, "decided_by": decided.describe()}
         except NoBackendError as exc:
             shapes[label] = {"call": call.describe(), "backend": None, "error": str(exc).splitlines()[0]}
     fast = [n for n, b in backends.items() if b["available"] and n != "sdpa_math"]

@@ -141,6 +141,58 @@ def dense_bias(ok: Any, dtype: Any, *, alibi_slopes: Any = None, attn_bias: Any 
     return (bias - top).to(dtype)
 
 
+class BiasCache:
+    """Dense biases of mask-based kernels (SDPA, xformers) kept per (slopes / attn_bias tensor identity and
+    in-place version, mask, dtype, lengths), so a model that passes the same ALiBi slopes to every layer and
+    every step pays one build, not one per call: the plain call a user writes builds its bias once too (on the
+    H200, an fp32 bias rebuilt per call made SDPA 2.2x slower: docs/results/2026-12-01-h200-flex-alibi.json). An in-place change of the
+    tensor bumps its version: a new entry. An entry goes when its tensor dies (a per-step slopes tensor frees its
+    bias with the step) or when it is the oldest of MAX; a tensor that requires grad is never cached (the bias
+    must stay in its autograd graph)."""
+
+    MAX = 4  # one S=8192, 16-head bf16 bias is 2 GiB: a handful, not a table
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[Any, ...], tuple[Any, tuple[Any, ...]]] = {}
+        self.builds = 0  # dense biases built (tests and reports read it)
+
+    def get(self, ok: Any, dtype: Any, *, alibi_slopes: Any = None, attn_bias: Any = None,
+            cu_seqlens_q: Any = None, cu_seqlens_k: Any = None) -> Any:
+        """dense_bias(ok, dtype, ...) for a varlen call's padded layout when cu_seqlens are given."""
+        import weakref
+
+        def build() -> Any:
+            self.builds += 1
+            lq = lk = None
+            if cu_seqlens_q is not None:
+                lq, lk = lengths_from_cu(cu_seqlens_q), lengths_from_cu(cu_seqlens_k)
+            return dense_bias(ok, dtype, alibi_slopes=alibi_slopes, attn_bias=attn_bias, lengths_q=lq, lengths_k=lk)
+
+        values = tuple(t for t in (alibi_slopes, attn_bias) if t is not None)
+        if any(t.requires_grad for t in values):
+            return build()
+        tensors = (ok, *values, *(t for t in (cu_seqlens_q, cu_seqlens_k) if t is not None))
+        key = (dtype, alibi_slopes is None, *((id(t), t._version) for t in tensors))
+        hit = self._entries.get(key)
+        if hit is not None and all(r() is t for r, t in zip(hit[1], tensors, strict=True)):
+            return hit[0]
+        bias = build()
+        if len(self._entries) >= self.MAX:
+            self._entries.pop(next(iter(self._entries)))
+        entries = self._entries
+
+        def gone(_: Any, key: tuple[Any, ...] = key) -> None:
+            entries.pop(key, None)
+        self._entries[key] = (bias, tuple(weakref.ref(t, gone) for t in tensors))
+        return bias
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+BIASES = BiasCache()
+
+
 def safe_rows(ok: Any) -> tuple[Any, Any]:
     """(mask with a key opened in every empty row, empty-row mask (B|1, 1, sq, 1)).
 

@@ -1,4 +1,5 @@
-"""Which backend attnkit tries first: per GPU architecture AND per call class, kept as data with the
+"""Which backend attnkit tries first where no measured table decides (runtime/table.py: tables that
+`attnkit tune` writes take precedence): per GPU architecture AND per call class, kept as data with the
 measurement each row comes from. The fastest kernel depends on the call, not only on the GPU: on the H200
 FlashAttention-4 wins sliding windows, packed varlen, chunked prefill and long training calls, while torch's
 own SDPA pick wins decode and small calls, where host time decides (the bench reports
@@ -14,7 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from attnkit.runtime import table
 from attnkit.runtime.call import AttentionCall
+from attnkit.runtime.table import Decision
 
 # Thresholds on the call's work (batch*heads*Sq*Sk*head_dim), read off the H200 bench (BENCH below): FA4's kernels
 # are faster, but its Python interface costs ~80 us more host time per call than torch's SDPA, so it wins per call
@@ -31,11 +34,11 @@ BLACKWELL = ((10, 0), (12, 9))
 # Full default order per architecture (first row whose minimum the GPU meets), and on CPU.
 DEFAULTS: tuple[tuple[tuple[int, int], tuple[str, ...]], ...] = (
     ((10, 0), ("sdpa_cudnn", "cudnn_ragged", "flash_attn4", "sdpa_cudnn_varlen", "flash_attn2", "sdpa_flash",
-               "torch_varlen", "xformers", "sdpa", "sdpa_efficient", "sdpa_math")),
+               "torch_varlen", "xformers", "flex_flash", "flex", "sdpa", "sdpa_efficient", "sdpa_math")),
     ((9, 0), ("sdpa_cudnn", "cudnn_ragged", "sdpa_cudnn_varlen", "flash_attn3", "flash_attn4", "flash_attn2",
-              "sdpa_flash", "torch_varlen", "xformers", "sdpa", "sdpa_efficient", "sdpa_math")),
-    ((8, 0), ("flash_attn2", "sdpa_flash", "torch_varlen", "sdpa_cudnn", "xformers", "sdpa", "sdpa_efficient",
-              "sdpa_math")),
+              "sdpa_flash", "torch_varlen", "xformers", "flex_flash", "flex", "sdpa", "sdpa_efficient", "sdpa_math")),
+    ((8, 0), ("flash_attn2", "sdpa_flash", "torch_varlen", "sdpa_cudnn", "xformers", "flex", "sdpa",
+              "sdpa_efficient", "sdpa_math")),
     ((0, 0), ("xformers", "sdpa_efficient", "sdpa", "sdpa_math")),
 )
 CPU_DEFAULT: tuple[str, ...] = ("sdpa_cpu", "sdpa", "sdpa_math")
@@ -52,6 +55,8 @@ class Features:
     more_queries: bool  # more queries than keys: cross-attention to a short context
     small: bool  # below SMALL_WORK: launch and host time dominate
     train: bool  # a backward will follow
+    alibi: bool
+    softcap: bool
     dtype: str
     head_dim: int
     work: int  # batch * heads * seqlen_q * seqlen_k * head_dim
@@ -66,6 +71,8 @@ def features(call: AttentionCall) -> Features:
         more_queries=call.seqlen_q > call.seqlen_k,
         small=call.work < SMALL_WORK,
         train=call.requires_grad,
+        alibi=call.alibi,
+        softcap=call.softcap,
         dtype=call.dtype,
         head_dim=max(call.head_dim, call.head_dim_v),
         work=call.work,
@@ -102,6 +109,7 @@ class Row:
 
 # the run the rows were read from; docs/results/2026-11-30-h200-bench.json is the run with these rows in place
 BENCH = "docs/results/2026-11-30-h200-bench-1.json"
+FLEX = "docs/results/2026-12-01-h200-flex-alibi.json"  # flex vs SDPA on ALiBi, measured from outside the project
 HALF = ("bfloat16", "float16")
 BIG = 1 << 62
 
@@ -122,6 +130,13 @@ ROWS: tuple[Row, ...] = (
     Row("small", SM90, ("sdpa",),
         f"{BENCH}: 'small *', 'cross fp16 Sq1024 Sk77': the plain call is fastest, FA4 2.5-4x slower",
         {"small": True}),
+    Row("ALiBi training", SM90, ("flex", "flex_flash"),
+        f"{FLEX}: ALiBi causal B8 S2048 H16 D128 bf16 fwd+bwd: flex Triton 2.08 ms, flex FLASH "
+        "2.36, SDPA with a bias built once 3.49, a dense bias rebuilt per call 4.82", {"alibi": True, "train": True,
+                                                                                       "varlen": False}),
+    Row("ALiBi forward", SM90, ("flex_flash", "flex"),
+        f"{FLEX}: the same call forward back to back: flex FLASH 0.45 ms, flex Triton 0.49, "
+        "SDPA with a bias built once 0.92", {"alibi": True, "train": False, "varlen": False}),
     Row("sliding window", SM90, ("flash_attn4", "flash_attn3", "flash_attn2"),
         f"{BENCH}: 'window *': FA4 1.5 vs 14.3 ms (S16384) and 1.1 vs 6.4 ms fwd+bwd (S4096) against "
         "SDPA with a dense mask", {"window": True}),
@@ -153,14 +168,23 @@ def default_order(call: AttentionCall, capability: tuple[int, int] | None) -> tu
     return next(order for minimum, order in DEFAULTS if cap >= minimum)
 
 
-def order_for(call: AttentionCall, capability: tuple[int, int] | None) -> tuple[tuple[str, ...], Row | None]:
-    """The order to try backends in for `call`, and the row that put its first entries there (None: the
-    architecture's default order)."""
+def order_for(call: AttentionCall, capability: tuple[int, int] | None) -> tuple[tuple[str, ...], Decision]:
+    """The order to try backends in for `call`, and what decided its first entries: the architecture's measured
+    table (runtime/table.py) where one exists and has the call's cell, else the first matching hand-written
+    row, else the architecture's default order."""
     base = default_order(call, capability)
-    if call.device != "cuda" or capability is None:
-        return base, None
+    if call.device == "cuda" and capability is None:
+        return base, Decision("default", "no GPU capability known")
+    measured = table.table_for(capability if call.device == "cuda" else None)
+    if measured is not None:
+        d = table.decide(call, measured)
+        if d is not None:
+            return (*d.order, *(n for n in base if n not in d.order)), d
+    if call.device != "cuda":
+        return base, Decision("default", f"{call.device} order")
+    assert capability is not None
     f = features(call)
     for row in ROWS:
         if row.matches(f, capability):
-            return (*row.order, *(n for n in base if n not in row.order)), row
-    return base, None
+            return (*row.order, *(n for n in base if n not in row.order)), Decision("row", row.label, row.order)
+    return base, Decision("default", f"{table.arch_name(capability)} default order")

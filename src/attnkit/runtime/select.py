@@ -19,6 +19,7 @@ from attnkit.runtime.backends import REGISTRY, Backend
 from attnkit.runtime.call import AttentionCall
 from attnkit.runtime.priority import order_for
 from attnkit.runtime.probe import Probe
+from attnkit.runtime.table import Decision
 
 ENV_BACKEND = "ATTNKIT_BACKEND"
 ENV_AUTOTUNE = "ATTNKIT_AUTOTUNE"
@@ -29,8 +30,13 @@ class NoBackendError(RuntimeError):
 
 
 def priority_for(call: AttentionCall, probe: Probe) -> tuple[str, ...]:
+    return decided_order(call, probe)[0]
+
+
+def decided_order(call: AttentionCall, probe: Probe) -> tuple[tuple[str, ...], Decision]:
+    """The order selection walks for `call`, and the measured table point or row that decided it."""
     cap = probe.capability(call.device_index) if call.device == "cuda" else None
-    return order_for(call, cap)[0]
+    return order_for(call, cap)
 
 
 def explain(call: AttentionCall, probe: Probe, names: list[str] | None = None) -> dict[str, list[str]]:
@@ -108,7 +114,9 @@ class Selector:
             return self.explicit(self.forced, call, probe, ENV_BACKEND)
         found = self.candidates(call, probe)
         if not found:
-            raise NoBackendError(_format_all(call, explain(call, probe), "no attention backend can serve this call"))
+            decided = decided_order(call, probe)[1].describe()
+            raise NoBackendError(_format_all(call, explain(call, probe), "no attention backend can serve this call")
+                                 + f"\n  (order decided by {decided})")
         if self.autotune and timer is not None and len(found) > 1:
             return self._autotuned(call, probe, found, timer)
         return found[0]

@@ -44,6 +44,7 @@ class WarmupShape(BaseModel):
     causal: Annotated[bool, Strict()] = True
     window: tuple[Annotated[int, Strict()], Annotated[int, Strict()]] | None = None
     softcap: Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)] = 0.0
+    alibi: Annotated[bool, Strict()] = Field(False, description="ALiBi (flex compiles a kernel for it)")
     lengths: tuple[Count, ...] | None = Field(None, description="packed varlen: per-sequence lengths")
     train: Annotated[bool, Strict()] = True
 
@@ -70,7 +71,8 @@ class WarmupShape(BaseModel):
         kind = "varlen" if self.lengths else f"Sq={sq} Sk={sk}"
         return self.label or (f"{self.dtype} B={self.batch} {kind} H={self.heads}/{self.kv_heads or self.heads} "
                               f"D={self.head_dim}{' causal' if self.causal else ''}"
-                              f"{f' window={self.window}' if self.window else ''}{' train' if self.train else ''}")
+                              f"{f' window={self.window}' if self.window else ''}{' alibi' if self.alibi else ''}"
+                              f"{' train' if self.train else ''}")
 
 
 def _read_json(option: str, path: Path) -> Any:
@@ -127,7 +129,7 @@ def _config_int(cfg_path: Path, cfg: dict[str, Any], key: str, required: bool = 
 def shapes_from_model(path: str, seqlen: int, batch: int, dtype: str | None) -> list[WarmupShape]:
     """The attention calls of a Hugging Face model (config.json, or the folder holding it): a training step
     at `seqlen`, a prefill and a decode step against a `seqlen` cache; sliding-window and softcap settings
-    (Mistral, Gemma 2/3, Qwen) carried over."""
+    (Mistral, Gemma 2/3, Qwen) and ALiBi (BLOOM, MPT, Falcon-RW) carried over."""
     for option, value in (("--seqlen", seqlen), ("--batch", batch)):
         if type(value) is not int or value < 1:
             raise AttnkitError(f"{option}: expected an integer >= 1, got {value!r}")
@@ -142,6 +144,10 @@ def shapes_from_model(path: str, seqlen: int, batch: int, dtype: str | None) -> 
         raise AttnkitError(f"--model {cfg_path}: text_config: expected an object (the language model's config), "
                            f"got {'null' if text_config is None else type(text_config).__name__}")
     cfg: dict[str, Any] = {**raw, **text_config}
+    for alias, key in (("n_head", "num_attention_heads"), ("n_heads", "num_attention_heads"),
+                       ("n_embed", "hidden_size"), ("d_model", "hidden_size")):  # BLOOM, MPT, older Falcon names
+        if key not in cfg and alias in cfg:
+            cfg[key] = cfg[alias]
     heads = _config_int(cfg_path, cfg, "num_attention_heads")
     assert heads is not None
     kv = _config_int(cfg_path, cfg, "num_key_value_heads", required=False) or heads
@@ -175,6 +181,9 @@ def shapes_from_model(path: str, seqlen: int, batch: int, dtype: str | None) -> 
     if sw is not None and (type(sw) is not int or sw < 0):
         raise AttnkitError(f"--model {cfg_path}: sliding_window: expected an integer >= 1 (tokens), or null or 0 for "
                            f"none, got {sw!r}"[:300])
+    # ALiBi models: BLOOM (model_type "bloom"), MPT (attn_config.alibi), Falcon-RW (alibi: true)
+    attn_cfg = cfg.get("attn_config") if isinstance(cfg.get("attn_config"), dict) else {}
+    alibi = cfg.get("model_type") == "bloom" or cfg.get("alibi") is True or attn_cfg.get("alibi") is True
     layer_types = cfg.get("layer_types") or []
     if not isinstance(layer_types, list):
         raise AttnkitError(f"--model {cfg_path}: layer_types: expected a list of 'full_attention' / "
@@ -190,7 +199,8 @@ def shapes_from_model(path: str, seqlen: int, batch: int, dtype: str | None) -> 
         tag = f" window {w[0] + 1}" if w else ""
         try:
             base = WarmupShape.model_validate({"heads": heads, "kv_heads": kv, "head_dim": head_dim, "dtype": dt,
-                                               "window": w, "softcap": softcap, "batch": batch, "seqlen": seqlen})
+                                               "window": w, "softcap": softcap, "batch": batch, "seqlen": seqlen,
+                                               "alibi": alibi})
         except ValidationError as exc:  # the checks above should leave nothing; still one line, never a traceback
             raise AttnkitError(f"--model {cfg_path}: {_validation_message(exc)}") from None
         out += [base.model_copy(update={"label": f"{name} train B={batch} S={seqlen}{tag}"}),
@@ -212,6 +222,8 @@ def warm_one(s: WarmupShape, device: str) -> dict[str, Any]:
     kv = s.kv_heads or s.heads
     sq, sk = s.sizes()
     kw: dict[str, Any] = {"causal": s.causal, "window": s.window, "softcap": s.softcap}
+    if s.alibi:  # the slopes' values do not change what compiles
+        kw["alibi_slopes"] = torch.tensor([2.0 ** (-8.0 * (h + 1) / s.heads) for h in range(s.heads)], device=device)
     if s.lengths is not None:
         total = sum(s.lengths)
         cu = torch.tensor([0, *torch.tensor(s.lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)

@@ -19,6 +19,8 @@ REGISTRY = Registry({
     "sdpa": _M + "sdpa:Sdpa",
     "torch_varlen": _M + "torch_varlen:TorchVarlen",
     "xformers": _M + "xformers:Xformers",
+    "flex_flash": _M + "flex:FlexFlash",
+    "flex": _M + "flex:Flex",
     "sdpa_efficient": _M + "sdpa_efficient:SdpaEfficient",
     "sdpa_cpu": _M + "sdpa_cpu:SdpaCpu",
     "sdpa_math": _M + "sdpa_math:SdpaMath",

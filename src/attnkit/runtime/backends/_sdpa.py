@@ -106,6 +106,7 @@ class SdpaBackend(Backend):
         needs_mask = call.varlen or call.window is not None or call.alibi or call.bias or call.softcap
         empty = None
         bias_object = False
+        bias_of: Any = None
         if not needs_mask and (not call.causal or sq == sk):
             if call.causal:
                 kw["is_causal"] = True
@@ -123,12 +124,15 @@ class SdpaBackend(Backend):
         else:
             lengths = (call.lengths_q, call.lengths_k) if call.varlen else None
             ok, empty = layout.cached_mask(sq, sk, call.causal, call.window, device, lengths)
-            if call.alibi or call.bias:  # values differ per call: these calls are never cached (attention())
-                lq = lk = None
-                if call.varlen:
-                    lq, lk = layout.lengths_from_cu(p.cu_seqlens_q), layout.lengths_from_cu(p.cu_seqlens_k)
-                kw["attn_mask"] = layout.dense_bias(ok, q.dtype, alibi_slopes=p.alibi_slopes,
-                                                    attn_bias=p.attn_bias, lengths_q=lq, lengths_k=lk)
+            if call.alibi or call.bias:  # one build per slopes / bias tensor and version (layout.BiasCache),
+                # fetched per call so that a bound call never holds a bias of its own (they are large)
+                bias_of = functools.partial(layout.BIASES.get, ok, q.dtype, alibi_slopes=p.alibi_slopes,
+                                            attn_bias=p.attn_bias,
+                                            cu_seqlens_q=p.cu_seqlens_q if call.varlen else None,
+                                            cu_seqlens_k=p.cu_seqlens_k if call.varlen else None)
+                learned = any(t is not None and t.requires_grad for t in (p.alibi_slopes, p.attn_bias))
+                if not learned:  # for torch's pick below; a learned bias is built per call, in run(), only
+                    kw["attn_mask"] = bias_of()
             else:
                 kw["attn_mask"] = ok
 
@@ -149,7 +153,10 @@ class SdpaBackend(Backend):
                 v = layout.unpack(v, idx_k, batch, sk)
             if expand:
                 k, v = layout.expand_kv(k, heads), layout.expand_kv(v, heads)
-            out = sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kw)
+            if bias_of is None:
+                out = sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kw)
+            else:
+                out = sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias_of(), **kw)
             if guard and out.requires_grad:
                 out = grad_like_output(out)
             if empty is not None:  # all-False unless some row sees no key: no host sync to find out
@@ -159,10 +166,19 @@ class SdpaBackend(Backend):
                 out = out.reshape(batch * sq, *out.shape[2:]).index_select(0, idx_q)
             return out
 
-        if not (idx_q is not None or expand or empty is not None or guard):
+        if not (idx_q is not None or expand or empty is not None or guard or bias_of is not None):
             def run(q: Any, k: Any, v: Any) -> Any:  # the plain call, nothing around it
                 return sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kw).transpose(1, 2)
 
+        if bias_of is not None:  # the bias is fetched per call (run): the runner holds none of its own
+            picked = None
+            if "attn_mask" in kw:
+                picked = None if call.trace or call.softcap else self._torch_pick(q, k, v, call, kw)
+                del kw["attn_mask"]
+            wanted = None if self.sdp_name is None else int(_sdp_backend(self.sdp_name))
+            if call.softcap or wanted in (None, picked):
+                return run
+            return self._forced(run)
         if call.softcap:
             return run
         # in a graph the host-time shortcuts buy nothing, and torch's pick is made when the graph is traced
@@ -176,8 +192,13 @@ class SdpaBackend(Backend):
             return run
         if wanted is None:
             return run
-        chosen = [_sdp_backend(self.sdp_name)]
+        return self._forced(run)
+
+    def _forced(self, run: Runner) -> Runner:
+        """`run` inside `sdpa_kernel([this backend])`: only where torch's own choice would be another kernel."""
         from torch.nn.attention import sdpa_kernel
+
+        chosen = [_sdp_backend(self.sdp_name)]
 
         def forced(q: Any, k: Any, v: Any) -> Any:
             with sdpa_kernel(chosen):

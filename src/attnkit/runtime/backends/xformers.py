@@ -63,7 +63,7 @@ class Xformers(Backend):
             ok, empty = layout.cached_mask(sq, sk, call.causal, None, q.device)
             # xformers wants the bias rows 8-element aligned: allocate padded, use a view
             bias = q.new_empty((call.batch, call.heads, sq, -(-sk // 8) * 8))[..., :sk]
-            bias.copy_(layout.dense_bias(ok, q.dtype, alibi_slopes=p.alibi_slopes, attn_bias=p.attn_bias)
+            bias.copy_(layout.BIASES.get(ok, q.dtype, alibi_slopes=p.alibi_slopes, attn_bias=p.attn_bias)
                        .expand(call.batch, call.heads, sq, sk))
             dense = True
         elif call.causal:

@@ -1,0 +1,189 @@
+"""torch's FlexAttention (`torch.nn.attention.flex_attention`, torch >= 2.5): ALiBi, softcap, windows and packed
+varlen written as a score_mod / mask_mod and compiled into one fused kernel, instead of a dense bias or mask that
+SDPA reads from memory. Two backends, so that measurement can tell them apart:
+
+- `flex`: the Triton kernels inductor generates (any CUDA GPU from sm80, forward and backward).
+- `flex_flash`: the same call with `kernel_options={"BACKEND": "FLASH"}`, FlashAttention-4's CuTe kernels behind
+  flex (torch >= 2.11 and flash-attn-4 installed; sm90 and sm100 only). Experimental upstream.
+
+Measured on the H200 (docs/results/2026-12-01-h200-flex-alibi.json; ALiBi causal B8 S2048 H16 D128 bf16): forward back to back
+flex FLASH 0.45 ms, flex Triton 0.49 ms, SDPA with a bias built once 0.92 ms; fwd+bwd 2.36 / 2.08 / 3.49 ms. flex
+is slow where FA4 is native (softcap + window at D256: 50 ms vs 1.7 ms; windowed decode 25 ms vs 0.48 ms), which
+is why selection (measured tables, else runtime/priority.py) and not these limits decides where it runs.
+
+The first call of a signature compiles (2-6 s on the H200): `attnkit warmup` pays it outside a timed step, and
+inductor's own disk cache keeps the kernels across processes. The compiled function is torch's documented
+`torch.compile(flex_attention)`, made once per process: dynamo's automatic dynamic shapes turn a second sequence
+length into one dynamic graph rather than a compile per length. The block mask (which key blocks a query block
+visits) depends on the lengths only, so it is built at bind time, once per signature (per cu_seqlens for varlen).
+On CPU the call runs flex's unfused reference path (the same semantics, not fast): only when asked for by name.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any, ClassVar
+
+from packaging.version import Version
+
+from attnkit.runtime import loaders
+from attnkit.runtime.backends.base import ArchLimits, Backend, Limits, Runner
+from attnkit.runtime.call import AttentionCall, Params
+
+MIN_TORCH = Version("2.5")  # torch.nn.attention.flex_attention appeared in 2.5
+MIN_TORCH_FLASH = Version("2.11")  # kernel_options BACKEND="FLASH" (flex on FlashAttention-4's CuTe kernels)
+
+_TRITON = Limits(devices=frozenset({"cuda", "cpu"}), min_capability=(8, 0),
+                 dtypes=frozenset({"float16", "bfloat16", "float32"}), max_head_dim=256, head_dim_multiple=8,
+                 head_dim_v_differs=True, gqa="native", varlen="native", window=True, alibi=True, softcap=True)
+# FA4 behind flex: FA4's own dtypes and head dims (runtime/backends/flash_attn4.py), on the two architectures
+# torch's flex FLASH path targets
+_FLASH = Limits(dtypes=frozenset({"float16", "bfloat16"}), max_head_dim=256, head_dim_multiple=8, gqa="native",
+                varlen="native", window=True, alibi=True, softcap=True)
+
+
+@functools.cache
+def _flex() -> tuple[Any, Any]:
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    return flex_attention, create_block_mask
+
+
+@functools.cache
+def _compiled() -> Any:
+    import torch
+
+    return torch.compile(_flex()[0])
+
+
+def _torch_version(probe: Any) -> Version:
+    return Version(probe.torch.version.split("+")[0])
+
+
+def mask_and_score(call: AttentionCall, p: Params, device: Any) -> tuple[Any, Any, int, int]:
+    """attnkit's semantics as flex functions: (mask_mod or None, score_mod or None, Q_LEN, KV_LEN).
+
+    Dense calls align the causal diagonal bottom-right (query i sees keys j <= i + Sk - Sq). Packed varlen runs
+    as ONE sequence of all tokens with a document mask: a query sees only keys of its own sequence, each
+    sequence aligned bottom-right on its own lengths. ALiBi subtracts slope * |j - diagonal(i)|, after softcap,
+    as the reference (runtime/reference.py) does."""
+    import torch
+
+    window, causal = p.window, call.causal
+    slopes = p.alibi_slopes
+    if call.varlen:
+        cq, ck = p.cu_seqlens_q.long(), p.cu_seqlens_k.long()
+        q_len, kv_len = int(p.inputs.q.shape[0]), int(p.inputs.k.shape[0])
+        pos = torch.arange(q_len, device=device)
+        doc_q = torch.searchsorted(cq[1:], pos, right=True)
+        doc_k = torch.searchsorted(ck[1:], torch.arange(kv_len, device=device), right=True)
+        # each query's diagonal as an index on the packed key axis: its sequence's first key, plus its position
+        # in its sequence, plus that sequence's len_k - len_q (bottom-right alignment per sequence)
+        diag = ck[doc_q] + (pos - cq[doc_q]) + (ck[1:] - ck[:-1] - cq[1:] + cq[:-1])[doc_q]
+
+        def line(qi: Any) -> Any:
+            return diag[qi]
+
+        def same_doc(qi: Any, kj: Any) -> Any:
+            return doc_q[qi] == doc_k[kj]
+
+        def slope(b: Any, h: Any, qi: Any) -> Any:
+            return slopes[doc_q[qi], h] if slopes.dim() == 2 else slopes[h]
+    else:
+        q_len, kv_len = call.seqlen_q, call.seqlen_k
+        off = kv_len - q_len
+
+        def line(qi: Any) -> Any:
+            return qi + off
+
+        same_doc = None  # type: ignore[assignment]
+
+        def slope(b: Any, h: Any, qi: Any) -> Any:
+            return slopes[b, h] if slopes.dim() == 2 else slopes[h]
+
+    def mask_mod(b: Any, h: Any, qi: Any, kj: Any) -> Any:
+        d = line(qi)
+        ok = same_doc(qi, kj) if same_doc is not None else kj >= 0
+        if causal:
+            ok = ok & (kj <= d)
+        if window is not None and window[0] >= 0:
+            ok = ok & (kj >= d - window[0])
+        if window is not None and window[1] >= 0:
+            ok = ok & (kj <= d + window[1])
+        return ok
+
+    if not (call.varlen or causal or window is not None):
+        mask_mod = None  # type: ignore[assignment]
+
+    cap = p.softcap if call.softcap else 0.0
+    alibi = slopes is not None
+    if not (cap or alibi):
+        return mask_mod, None, q_len, kv_len
+
+    def score_mod(score: Any, b: Any, h: Any, qi: Any, kj: Any) -> Any:
+        if cap:
+            score = cap * torch.tanh(score / cap)
+        if alibi:
+            score = score - slope(b, h, qi) * (kj - line(qi)).abs()
+        return score
+    return mask_mod, score_mod, q_len, kv_len
+
+
+class Flex(Backend):
+    name = "flex"
+    limits: Limits | tuple[ArchLimits, ...] = _TRITON
+    kernel_options: ClassVar[dict[str, Any] | None] = None
+
+    def extra_unavailable(self, probe: Any) -> list[str]:
+        if _torch_version(probe) < MIN_TORCH:
+            return [f"torch {probe.torch.version} has no FlexAttention (needs torch >= {MIN_TORCH})"]
+        return []
+
+    def extra_reasons(self, call: AttentionCall, capability: tuple[int, int] | None) -> list[str]:
+        if call.device == "cpu" and call.requires_grad:
+            return ["no backward on CPU (torch's FlexAttention: 'does not support backward on CPU')"]
+        return []
+
+    def bind(self, call: AttentionCall, p: Params, q: Any, k: Any, v: Any) -> Runner:
+        flex, create_block_mask = _flex()
+        device = q.device
+        mask_mod, score_mod, q_len, kv_len = mask_and_score(call, p, device)
+        block_mask = None
+        if mask_mod is not None:
+            batch = None if call.varlen else call.batch
+            block_mask = create_block_mask(mask_mod, batch, None, q_len, kv_len, device=device)
+        fn = _compiled() if call.device == "cuda" else flex
+        kw: dict[str, Any] = {"score_mod": score_mod, "block_mask": block_mask, "scale": p.scale,
+                              "enable_gqa": call.gqa}
+        if self.kernel_options:
+            kw["kernel_options"] = dict(self.kernel_options)
+        varlen = call.varlen
+
+        def run(q: Any, k: Any, v: Any) -> Any:
+            if varlen:  # (total, H, D) -> (1, H, total, D): one sequence under a document mask
+                q, k, v = q[None], k[None], v[None]
+            out = fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kw).transpose(1, 2)
+            return out[0] if varlen else out
+
+        if call.device == "cuda":
+            return run
+
+        def run_cpu(q: Any, k: Any, v: Any) -> Any:  # flex's unfused path warns that it is not compiled: known
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                return run(q, k, v)
+        return run_cpu
+
+
+class FlexFlash(Flex):
+    name = "flex_flash"
+    library = "flash-attn-4"
+    limits = (ArchLimits((9, 0), (10, 3), _FLASH),)
+    kernel_options: ClassVar[dict[str, Any] | None] = {"BACKEND": "FLASH"}
+
+    def extra_unavailable(self, probe: Any) -> list[str]:
+        if _torch_version(probe) < MIN_TORCH_FLASH:
+            return [f"torch {probe.torch.version} has no FlexAttention FLASH backend (needs torch >= "
+                    f"{MIN_TORCH_FLASH})"]
+        return [loaders.FA4_STATE["error"]] if "error" in loaders.FA4_STATE else []

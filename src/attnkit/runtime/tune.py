@@ -1,0 +1,373 @@
+"""`attnkit tune`: the sweep that writes the selection tables (runtime/table.py says how a call is looked up).
+
+- PLAN: a fractional factorial over the call features that change which kernel wins (`FEATURES`): every valid
+  categorical cell of runtime/table.py's rule is listed, and the numeric axes (head_dim, total work) are spread
+  over the cells by rotation, so each cell gets POINTS_PER_CELL points and every head dim and work level is
+  measured in every feature class somewhere. Cases are ordered so that any prefix is itself balanced (a run cut
+  short by the budget has measured a fraction of every class, not all of a few). `--refine REPORT...` adds the
+  midpoints between two measured points of one cell whose winners differ: a coarse grid refined where it matters.
+- RUN: each case is `bench.bench_shape` (the one timer and numerics check of the bench): every backend forced,
+  in both timing modes, forward and fwd+bwd, each output checked against a float32 reference. Shards
+  (`--shard I/N`) split the plan; results are appended to a JSON-lines file as each case ends, so a run stopped
+  by its budget or a time limit resumes where it was (`--resume`).
+- MERGE (`--merge FILE...`): the shards' results become `<arch>.json`: per cell, per point, the correct backends
+  fastest first (runtime/table.py, rule 3), with provenance (date, GPU, driver, torch and library versions, the
+  grid, the case count). Package data is written by this command only; nobody edits it by hand.
+- VALIDATE (`--validate`): shapes that are NOT grid points (odd head dims and sequence lengths, 71 or 20 heads,
+  real model configurations): attnkit's choice against the fastest correct candidate, per shape, both modes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from attnkit._io import write_atomic
+from attnkit.errors import UsageError
+from attnkit.runtime.bench import AUTO, PLAIN, Shape, bench_shape, environment
+from attnkit.runtime.table import SCHEMA
+
+HEAD_DIMS = (32, 40, 64, 80, 96, 128, 192, 256)
+DTYPES = ("bfloat16", "float16", "float32")
+KV = {"mha": (16, 16), "gqa4": (32, 8), "gqa8": (32, 4), "mqa": (16, 1)}
+QUERY_SHAPES = ("decode", "few", "chunk", "equal", "more")
+EXTRAS = ("-", "window", "softcap", "alibi")
+VARLEN = ("no", "short", "mixed", "long")
+WORK_LOG2 = (27, 31, 35, 39)  # total work from tiny (tens of us) to huge (tens of ms on an H200)
+POINTS_PER_CELL = 2
+FEATURES: dict[str, tuple[Any, ...]] = {"head_dim": HEAD_DIMS, "dtype": DTYPES, "causal": (True, False), "kv": tuple(KV),
+            "query_shape": QUERY_SHAPES, "extra": EXTRAS, "varlen": VARLEN, "log2_work": WORK_LOG2,
+            "pass": ("fwd", "fwdbwd")}
+QUICK: dict[str, tuple[Any, ...]] = {"head_dim": (32, 64), "dtype": ("float32",), "causal": (True, False), "kv": ("mha", "gqa4"),
+         "query_shape": ("decode", "equal"), "extra": ("-", "alibi"), "varlen": ("no",), "log2_work": (18, 21),
+         "pass": ("fwd",)}
+
+
+def valid(dtype: str, causal: bool, kv: str, qs: str, extra: str, varlen: str) -> bool:
+    """Cells a model actually produces (and a kernel can be asked for)."""
+    if varlen != "no" and (qs != "equal" or (extra == "window" and not causal)):
+        return False  # packed varlen here is self-attention
+    if qs == "more" and causal:
+        return False  # causal with more queries than keys leaves rows without keys: not a real model's call
+    if dtype == "float32" and (extra in ("window", "softcap") or varlen != "no" or qs in ("few", "chunk")):
+        return False  # fp32 attention: small models' training and references: plain calls and ALiBi
+    return not (extra == "softcap" and qs in ("decode", "few") and kv == "mqa")
+
+
+def _cells(grid: dict[str, tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    return [c for c in itertools.product(grid["dtype"], grid["causal"], grid["kv"], grid["query_shape"],
+                                         grid["extra"], grid["varlen"]) if valid(*c)]
+
+
+def shape_for(cell: tuple[Any, ...], head_dim: int, log2w: float, train: bool, seed: int) -> Shape:
+    """A concrete call of `cell` at (head_dim, about 2**log2w work)."""
+    dtype, causal, kv, qs, extra, varlen = cell
+    heads, kv_heads = KV[kv]
+    per = heads * head_dim
+    budget = 2.0 ** log2w / per  # batch * seqlen_q * seqlen_k
+    window = None
+    lengths = None
+    if varlen != "no":
+        lo, hi = {"short": (1, 64), "mixed": (17, 2048), "long": (2048, 8192)}[varlen]
+        mean_sq = ((lo + hi) / 2) ** 2
+        n = max(2, min(512, round(budget / mean_sq)))
+        rng = random.Random(seed)
+        lengths = tuple([hi, *(rng.randint(lo, hi) for _ in range(n - 1))])
+        s = max(lengths)
+        batch, sq, sk = n, s, s
+    elif qs in ("decode", "few"):
+        sq = 1 if qs == "decode" else 4
+        sk = int(min(65536, max(256, 2 ** round(math.log2(max(1.0, budget / (16 * sq)))))))
+        batch = max(1, min(256, round(budget / (sq * sk))))
+    elif qs == "chunk":
+        sk = int(min(32768, max(512, 2 ** round(math.log2(math.sqrt(max(1.0, budget * 8)))))))
+        sq = sk // 8
+        batch = max(1, min(256, round(budget / (sq * sk))))
+    elif qs == "more":
+        sk = int(min(8192, max(64, 2 ** round(math.log2(math.sqrt(max(1.0, budget / 4)))))))
+        sq = 4 * sk
+        batch = max(1, min(256, round(budget / (sq * sk))))
+    else:
+        s = int(min(16384, max(64, 2 ** round(math.log2(math.sqrt(max(1.0, budget)))))))
+        sq = sk = s
+        batch = max(1, min(256, round(budget / (s * s))))
+    if extra == "window":
+        window = (max(16, sk // 8), 0) if causal else (max(16, sk // 16), max(16, sk // 16))
+    label = "|".join(map(str, (*cell, f"D{head_dim}", f"w{log2w:g}", "train" if train else "fwd")))
+    return Shape(label, batch, heads, kv_heads, sq, sk, head_dim, dtype, causal, window, lengths,
+                 train=train, alibi=extra == "alibi", softcap=30.0 if extra == "softcap" else 0.0)
+
+
+def plan(grid: dict[str, tuple[Any, ...]] | None = None, points: int | None = None) -> list[Shape]:
+    """The fractional design, in an order whose every prefix is balanced over the cells."""
+    grid = grid or FEATURES
+    points = points or (1 if grid is QUICK else POINTS_PER_CELL)
+    cells = _cells(grid)
+    dims, works = grid["head_dim"], grid["log2_work"]
+    train_ok = "fwdbwd" in grid["pass"]
+    per_cell: list[list[Shape]] = []
+    for ci, cell in enumerate(cells):
+        qs = cell[3]
+        shapes = []
+        for k in range(points):
+            # rotation: cell ci's k-th point takes head dim (ci + k * stride) and work level (ci // len + k)
+            hd = dims[(ci * 3 + k * 5) % len(dims)]
+            lw = works[(ci + k * (len(works) // 2 or 1) + ci // len(dims)) % len(works)]
+            train = train_ok and qs not in ("decode", "few") and (k % 2 == 0 or "fwd" not in grid["pass"])
+            shapes.append(shape_for(cell, int(hd), float(lw), train, seed=ci * 7 + k))
+        per_cell.append(shapes)
+    order = list(range(len(cells)))
+    random.Random(0).shuffle(order)  # any prefix: a random fraction of the cells, each with its first point
+    out = []
+    for k in range(points):
+        out += [per_cell[i][k] for i in order if k < len(per_cell[i])]
+    return out
+
+
+def refine(results: list[dict[str, Any]], grid: dict[str, tuple[Any, ...]] | None = None) -> list[Shape]:
+    """Midpoints where a cell's winner changes between two measured points of one head dim (in log2 work)."""
+    by_cell: dict[tuple[Any, ...], list[tuple[float, str, dict[str, Any]]]] = {}
+    for r in results:
+        parts = tuple(r["shape"]["label"].split("|")[:6])
+        for ps in r.get("cell", {}):
+            order = decision_order(r, ps)
+            if order:
+                by_cell.setdefault((parts, ps, r["head_dim"]), []).append((r["log2_work"], order[0], r))
+    extra: list[Shape] = []
+    seen = {r["shape"]["label"] for r in results}
+    for (parts, _, hd), pts in by_cell.items():
+        pts.sort(key=lambda t: t[0])
+        for (w1, b1, r1), (w2, b2, _) in itertools.pairwise(pts):
+            if b1 != b2 and w2 - w1 > 1.0:
+                cell = (parts[0], parts[1] == "True", *parts[2:])
+                s = shape_for(cell, hd, round((w1 + w2) / 2, 1), r1["shape"]["train"], seed=int(w1 * 10))
+                if s.label not in seen:
+                    seen.add(s.label)
+                    extra.append(s)
+    return extra
+
+
+def chart(table: dict[str, Any], path: Path) -> None:
+    """One PNG: per cell (a row), each measured point at its log2(work), labelled with its winner."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = list(table["cells"])
+    winners = sorted({p["order"][0] for pts in table["cells"].values() for p in pts})
+    colour = {w: plt.get_cmap("tab20")(i % 20) for i, w in enumerate(winners)}
+    fig, ax = plt.subplots(figsize=(12, max(4, 0.22 * len(cells))))
+    for y, cell in enumerate(cells):
+        for pt in table["cells"][cell]:
+            ax.scatter(pt["log2_work"], y, color=colour[pt["order"][0]], s=12 + pt["head_dim"] / 4)
+    ax.set_yticks(range(len(cells)))
+    ax.set_yticklabels(cells, fontsize=6)
+    ax.set_xlabel("log2(batch * heads * seqlen_q * seqlen_k * head_dim); marker size: head_dim")
+    for w in winners:
+        ax.scatter([], [], color=colour[w], label=w)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    prov = table["provenance"]
+    ax.set_title(f"winner per measured point: {table['arch']}, {', '.join(prov['gpus']) or 'CPU'}, torch "
+                 f"{prov['torch']}, {prov['date'][:10]}", fontsize=9)
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+# -- one case's decision ------------------------------------------------------------------------------------------
+
+def scores(result: dict[str, Any], ps: str) -> dict[str, float]:
+    """Per backend forced in this case and correct there: its worst ratio to the fastest over the two timing
+    modes (1.0 = fastest in both)."""
+    prefix = "attnkit:"
+    t = {n[len(prefix):]: v[ps] for n, v in result["ms"].items() if n.startswith(prefix) and ps in v
+         and n not in result.get("wrong", {})}
+    if not t:
+        return {}
+    best = {m: min(v[m] for v in t.values()) for m in ("sync", "b2b")}
+    return {n: max(v[m] / best[m] for m in ("sync", "b2b")) for n, v in t.items()}
+
+
+def ranked(score: dict[str, float]) -> list[str]:
+    return sorted(score, key=lambda n: (score[n], n))
+
+
+def decision_order(result: dict[str, Any], ps: str) -> list[str]:
+    """Rule 3 of runtime/table.py for one case: the correct backends, fastest first by `scores`."""
+    return ranked(scores(result, ps))
+
+
+# -- run, resume, merge --------------------------------------------------------------------------------------------
+
+def _read_lines(path: Path) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if not path.exists():
+        return out
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut by a kill: that case runs again
+    return out
+
+
+def run(out: Path, shard: tuple[int, int] = (1, 1), budget_s: float = 1500.0, quick: bool = False,
+        refine_from: list[Path] | None = None, max_cases: int | None = None, say: Any = print) -> dict[str, Any]:
+    """Measure this shard's cases not yet in `out` (JSON lines: a header line, then one line per case)."""
+    from attnkit.runtime.bench import warm_gpu
+    from attnkit.runtime.probe import probe
+
+    p = probe()
+    if p.torch is None:
+        raise UsageError("tune: torch is not installed; run it in the environment whose kernels it should measure")
+    device = "cuda" if p.has_gpu and p.torch.cuda_available else "cpu"
+    grid = QUICK if (quick or device == "cpu") else FEATURES
+    if refine_from:
+        prior = [r for f in refine_from for r in _read_lines(f) if "shape" in r]
+        cases = refine(prior, grid)
+    else:
+        cases = plan(grid)
+    i, n = shard
+    mine = cases[i - 1::n]
+    done_lines = _read_lines(out)
+    done = {r["shape"]["label"] for r in done_lines if "shape" in r}
+    if not done_lines:
+        header = {"header": True, "schema": SCHEMA, "environment": environment(), "device": device,
+                  "grid": {k: list(v) for k, v in grid.items()}, "shard": f"{i}/{n}", "planned": len(mine),
+                  "refine": [str(f) for f in refine_from or []]}
+        write_atomic(out, json.dumps(header, default=str) + "\n")
+    todo = [s for s in mine if s.label not in done]
+    if max_cases is not None:
+        todo = todo[:max_cases]
+    if device == "cuda" and todo:
+        warm_gpu()
+    t0 = time.perf_counter()
+    ran = 0
+    for s in todo:
+        if time.perf_counter() - t0 > budget_s:
+            say(f"tune: budget of {budget_s:.0f} s reached; {len(todo) - ran} cases left (run again with --resume)")
+            break
+        c0 = time.perf_counter()
+        r = bench_shape(s, device, iters=3 if grid is QUICK else 8, rounds=2 if grid is QUICK else 3)
+        r["seconds"] = round(time.perf_counter() - c0, 2)
+        with out.open("a", encoding="utf-8") as f:  # one line per case: a kill loses at most the case running
+            f.write(json.dumps(r, default=str) + "\n")
+        ran += 1
+        say(f"tune {s.label}: {r['seconds']:.1f} s, fastest {decision_order(r, 'fwd')[:1]}")
+    return {"planned": len(mine), "done_before": len(done), "ran": ran, "left": len(todo) - ran}
+
+
+def merge(files: list[Path], arch: str | None = None) -> dict[str, Any]:
+    """The selection table from shard files (runtime/table.py's format), with provenance."""
+    headers, results = [], []
+    for f in files:
+        if not f.is_file():
+            raise UsageError(f"--merge: {f} does not exist")
+        lines = _read_lines(f)
+        head = [r for r in lines if r.get("header")]
+        if not head:
+            raise UsageError(f"--merge: {f} is not an attnkit tune file (no header line)")
+        headers += head
+        results += [r for r in lines if "shape" in r]
+    envs = {json.dumps(_machine(h["environment"]), sort_keys=True) for h in headers}
+    if len(envs) > 1:
+        raise UsageError("--merge: the files come from different machines or library versions; merge one "
+                         "machine's shards at a time")
+    env = headers[0]["environment"]
+    gpus = env["probe"].get("gpus") or []
+    arch = arch or (f"sm{gpus[0]['capability'][0]}{gpus[0]['capability'][1]}" if gpus else "cpu")
+    # cases that land on one point of one cell (a causal and a non-causal decode are the same call) are
+    # combined: a backend's score is its mean over them, where it ran in all of them
+    grouped: dict[tuple[str, int, float], list[tuple[dict[str, float], dict[str, Any], str]]] = {}
+    for r in results:
+        for ps, cell in r.get("cell", {}).items():
+            sc = scores(r, ps)
+            if sc:
+                grouped.setdefault((cell, r["head_dim"], round(r["log2_work"], 1)), []).append((sc, r, ps))
+    cells: dict[str, list[dict[str, Any]]] = {}
+    for (cell, hd, lw), members in grouped.items():
+        common = set.intersection(*(set(sc) for sc, _, _ in members))
+        mean = {n: statistics.fmean(sc[n] for sc, _, _ in members) for n in common}
+        rest = {n: x for sc, _, _ in members for n, x in sc.items() if n not in common}
+        ms = {n[len("attnkit:"):]: {m: round(x, 5) for m, x in v[ps].items()}
+              for sc, r, ps in members[:1] for n, v in r["ms"].items() if n.startswith("attnkit:") and ps in v}
+        cells.setdefault(cell, []).append({"head_dim": hd, "log2_work": lw, "order": ranked(mean) + ranked(rest),
+                                           "cases": [r["shape"]["label"] for _, r, _ in members], "ms": ms})
+    for pts in cells.values():
+        pts.sort(key=lambda p: (p["head_dim"], p["log2_work"]))
+    return {"schema": SCHEMA, "arch": arch, "generated_by": "attnkit tune --merge (do not edit by hand)",
+            "provenance": {"date": env["date"], **_machine(env), "grid": headers[0]["grid"],
+                           "shards": sorted(h["shard"] for h in headers), "cases": len(results)},
+            "cells": dict(sorted(cells.items()))}
+
+
+def _machine(env: dict[str, Any]) -> dict[str, Any]:
+    p = env["probe"]
+    return {"gpus": [g.get("name") for g in p.get("gpus") or []], "driver": p.get("driver"),
+            "torch": (p.get("torch") or {}).get("version"),
+            "libraries": {lib["name"]: lib.get("version") for lib in p.get("libraries") or [] if lib.get("installed")}}
+
+
+# -- held-out validation ---------------------------------------------------------------------------------------
+
+def validation_shapes(quick: bool) -> list[Shape]:
+    """Shapes kept apart from the grid: odd head dims and lengths, odd head counts, real model configurations."""
+    if quick:
+        return [Shape("val odd D48 S77 H20/4 fp32", 2, 20, 4, 77, 77, 48, "float32"),
+                Shape("val ALiBi H6 S100 fp32", 2, 6, 6, 100, 100, 64, "float32", alibi=True, train=False)]
+    return [
+        Shape("val Llama-3-8B prefill S3000 GQA 32/8", 2, 32, 8, 3000, 3000, 128),
+        Shape("val Falcon-7B MQA 71/1 S2048", 4, 71, 1, 2048, 2048, 64),
+        Shape("val Qwen2 H20/4 D128 S1500 causal", 4, 20, 4, 1500, 1500, 128),
+        Shape("val ViT-L S577 D64 non-causal fp16", 32, 16, 16, 577, 577, 64, "float16", causal=False, train=False),
+        Shape("val SD UNet S4096 D40 non-causal fp16", 8, 8, 8, 4096, 4096, 40, "float16", causal=False, train=False),
+        Shape("val Whisper enc S1500 D64 fp16", 16, 20, 20, 1500, 1500, 64, "float16", causal=False),
+        Shape("val BLOOM ALiBi S2048 H32 D128", 2, 32, 32, 2048, 2048, 128, alibi=True),
+        Shape("val Gemma2 softcap window D256 S4096", 1, 16, 8, 4096, 4096, 256, window=(4095, 0), softcap=50.0),
+        Shape("val Mistral window decode Sk8000", 32, 32, 8, 1, 8000, 128, window=(4096, 0), train=False),
+        Shape("val D96 train S1800", 8, 24, 24, 1800, 1800, 96),
+        Shape("val spec decode Sq5 Sk6000", 16, 32, 8, 5, 6000, 128, train=False),
+    ]
+
+
+def validate(out: Path | None, quick: bool = False, say: Any = print) -> dict[str, Any]:
+    from attnkit.runtime.probe import probe
+
+    p = probe()
+    if p.torch is None:
+        raise UsageError("tune --validate: torch is not installed")
+    device = "cuda" if p.has_gpu and p.torch.cuda_available else "cpu"
+    quick = quick or device == "cpu"
+    rows = []
+    for s in validation_shapes(quick):
+        r = bench_shape(s, device, iters=3 if quick else 10, rounds=2 if quick else 4)
+        row = {"shape": s.label, "selected": r["selected_by_pass"], "decided_by": r["row"], "ratios": {}}
+        for ps, modes in r["ratios"].items():
+            for mode, x in modes.items():
+                row["ratios"][f"{ps}_{mode}"] = {"selected_over_oracle": round(x["selected_over_oracle"], 3),
+                                                 "oracle": x["oracle"],
+                                                 "selected_over_sdpa_plain": round(x.get("selected_over_sdpa_plain",
+                                                                                         0.0), 3)}
+        rows.append(row)
+        say(f"validate {s.label}: {json.dumps(row['ratios'])}")
+    summary = {}
+    for key in sorted({k for r in rows for k in r["ratios"]}):
+        vals = [r["ratios"][key]["selected_over_oracle"] for r in rows if key in r["ratios"]]
+        summary[key] = {"geomean": round(math.exp(statistics.fmean(math.log(v) for v in vals)), 3),
+                        "min": min(vals), "shapes": len(vals)}
+    report = {"environment": environment(), "device": device, "shapes": rows, "summary": summary,
+              "candidates_note": f"oracle = fastest correct candidate among every forced backend, the libraries' "
+                                 f"own calls and {PLAIN}; selected = {AUTO}"}
+    if out is not None:
+        write_atomic(out, json.dumps(report, indent=1, default=str))
+    return report
+

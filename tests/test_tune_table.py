@@ -1,0 +1,337 @@
+"""Selection from measurement: the table lookup (runtime/table.py), the sweep that writes tables
+(runtime/tune.py, run for real on this CPU), the flex backend's limits and numerics, and the dense-bias cache."""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from test_selection import call, fake_probe
+
+from attnkit.runtime import layout, priority, table, tune
+from attnkit.runtime import select as sel
+from attnkit.runtime.attention import attention
+from attnkit.runtime.backends import REGISTRY
+from attnkit.runtime.reference import reference_attention
+
+
+def _table(cells: dict, arch: str = "sm90") -> dict:
+    return table.validate({"schema": table.SCHEMA, "arch": arch, "cells": cells, "provenance": {}}, "test")
+
+
+@pytest.fixture
+def tables(tmp_path, monkeypatch):
+    """A folder of tables used instead of the packaged ones ($ATTNKIT_SELECTION_DIR)."""
+    monkeypatch.setenv(table.ENV_TABLES, str(tmp_path))
+    table.load.cache_clear()
+    yield tmp_path
+    table.load.cache_clear()
+
+
+def write(folder: Path, data: dict, arch: str = "sm90") -> None:
+    (folder / f"{arch}.json").write_text(json.dumps(data))
+    table.load.cache_clear()
+
+
+def pt(hd: int, w: float, *order: str) -> dict:
+    return {"head_dim": hd, "log2_work": w, "order": list(order)}
+
+
+# -- the lookup rule ----------------------------------------------------------------------------------------------
+
+def test_cell_key_names_every_categorical_feature():
+    c = call(kv_heads=4, alibi=True)
+    assert table.cell_of(c) == "fwdbwd|bfloat16|causal|gqa|equal|-|-|alibi|no"
+    assert table.cell_of(replace(c, seqlen_q=1, requires_grad=False, causal=False, kv_heads=1, alibi=False,
+                                 window=(64, 0))) == "fwd|bfloat16|full|mqa|decode|window|-|-|no"
+    assert table.query_shape(4, 4096) == "few" and table.query_shape(512, 4096) == "chunk"
+    assert table.query_shape(4096, 512) == "more"
+    short = replace(c, varlen=True, lengths_q=(10, 50), lengths_k=(10, 50))
+    assert table.varlen_class(short) == "short"
+    assert table.varlen_class(replace(short, lengths_q=(4000, 3000))) == "long"
+
+
+def test_nearest_point_head_dim_first_then_work_with_ties_to_the_larger():
+    pts = [pt(64, 30, "a"), pt(128, 30, "b"), pt(128, 36, "c"), pt(256, 36, "d")]
+    assert table.nearest(pts, 96, 30)["order"] == ["b"]  # log2: 96 is nearer 128 than 64
+    assert table.nearest(pts, 100, 40)["order"] == ["c"]  # head dim decides before work
+    assert table.nearest(pts, 88, 40)["order"] == ["a"]  # log2(88) is nearer 64 than 128
+    assert table.nearest(pts, 128, 33)["order"] == ["c"]  # a tie in work goes to the larger
+    assert table.nearest([pt(64, 36, "a"), pt(256, 36, "d")], 128, 36)["order"] == ["d"]  # a tie in head dim
+    assert table.nearest(pts, 40, 99)["order"] == ["a"]
+
+
+def test_table_decides_where_it_has_the_cell_and_never_hides_a_backend(tables):
+    c = call()
+    write(tables, _table({table.cell_of(c): [pt(128, table.log2_work(c), "sdpa_flash", "sdpa_cudnn")]}))
+    order, d = priority.order_for(c, (9, 0))
+    assert d.source == "table" and order[:2] == ("sdpa_flash", "sdpa_cudnn") and "D128" in d.describe()
+    assert sorted(order) == sorted(priority.default_order(c, (9, 0)))
+    p = fake_probe((9, 0))
+    assert sel.SELECTOR.select(c, p).name == "sdpa_flash"
+    # a backend the table ranks first but this machine lacks: the next one, then the default order
+    write(tables, _table({table.cell_of(c): [pt(128, 37.0, "flash_attn4", "sdpa_efficient")]}))
+    assert sel.SELECTOR.select(c, p).name == "sdpa_efficient"
+    # a call of another cell: the hand-written rows decide
+    other = replace(c, window=(512, 0))
+    assert priority.order_for(other, (9, 0))[1] == priority.order_for(other, (9, 0))[1]
+    assert priority.order_for(other, (9, 0))[1].source == "row"
+
+
+def test_forced_backend_beats_the_table(tables, monkeypatch):
+    c = call()
+    write(tables, _table({table.cell_of(c): [pt(128, 37.0, "sdpa_flash")]}))
+    p = fake_probe((9, 0))
+    assert sel.SELECTOR.select(c, p, backend="sdpa_efficient").name == "sdpa_efficient"
+    monkeypatch.setattr(sel.SELECTOR, "forced", "sdpa_math")
+    assert sel.SELECTOR.select(c, p).name == "sdpa_math"
+
+
+def test_no_table_for_the_architecture_falls_back_to_the_rows(tables):
+    c = call()
+    write(tables, _table({table.cell_of(c): [pt(128, 37.0, "sdpa_flash")]}, arch="sm80"), arch="sm80")
+    order, d = priority.order_for(c, (9, 0))
+    assert d.source in ("row", "default") and order == priority.order_for(c, (9, 0))[0]
+    assert priority.order_for(c, (8, 0))[1].source == "table"
+
+
+def test_a_far_call_is_reported_far(tables):
+    c = call()
+    write(tables, _table({table.cell_of(c): [pt(128, 20.0, "sdpa_flash")]}))
+    d = priority.order_for(c, (9, 0))[1]
+    assert d.far and "far from every measured point" in d.describe()
+
+
+@pytest.mark.parametrize("bad, msg", [
+    ({"schema": 99, "cells": {}}, "not an attnkit selection table"),
+    ({"schema": 1, "cells": []}, "'cells' must map"),
+    ({"schema": 1, "cells": {"x": []}}, "cell 'x' has no points"),
+    ({"schema": 1, "cells": {"x": [{"head_dim": "64", "log2_work": 3, "order": ["a"]}]}}, "each point needs"),
+])
+def test_a_bad_table_is_one_line_naming_the_file(tables, bad, msg):
+    write(tables, bad)
+    with pytest.raises(table.TableError, match=msg) as ei:
+        priority.order_for(call(), (9, 0))
+    assert str(tables / "sm90.json") in str(ei.value) and "\n" not in str(ei.value)
+
+
+def test_no_backend_error_says_what_decided(tables):
+    p = fake_probe((9, 0))
+    with pytest.raises(sel.NoBackendError, match=r"order decided by default: mps order"):
+        sel.SELECTOR.select(call(dtype="float64", device="mps"), p)
+
+
+# -- the flex backend ----------------------------------------------------------------------------------------------
+
+def test_flex_limits_as_data():
+    flex, flash = REGISTRY["flex"], REGISTRY["flex_flash"]
+    ok = fake_probe((9, 0), ("flash-attn-4",))
+    assert flex.check(call(alibi=True), ok) == [] and flash.check(call(alibi=True), ok) == []
+    assert flex.check(call(softcap=True, window=(256, 0)), ok) == []
+    assert "needs compute capability >= 8.0" in "; ".join(flex.check(call(), fake_probe((7, 5))))
+    assert "has kernels for compute capability 9.0-10.3" in "; ".join(flash.check(call(), fake_probe((12, 0),
+                                                                                                     ("flash-attn-4",))))
+    assert flash.check(call(), fake_probe((9, 0))) == ["flash-attn-4 is not installed"]
+    old = fake_probe((9, 0), ("flash-attn-4",))
+    old = replace(old, torch=replace(old.torch, version="2.4.1"))
+    assert "needs torch >= 2.5" in flex.check(call(), old)[0]
+    assert "needs torch >= 2.11" in flash.check(call(), replace(old, torch=replace(old.torch, version="2.10.0")))[0]
+    assert "no dropout support" in flex.check(call(dropout=True), ok)
+    assert "no attn_bias support" in flex.check(call(bias=True), ok)
+    cpu = call(device="cpu")
+    assert any("no backward on CPU" in r for r in flex.check(cpu, fake_probe(None)))
+    assert flex.check(replace(cpu, requires_grad=False), fake_probe(None)) == []
+
+
+def test_flex_alibi_rows_are_measured_rows_with_sources():
+    p = fake_probe((9, 0), ("flash-attn-4",))
+    assert sel.SELECTOR.select(call(alibi=True), p).name == "flex"
+    assert sel.SELECTOR.select(call(alibi=True, requires_grad=False), p).name == "flex_flash"
+    assert sel.SELECTOR.select(call(softcap=True), fake_probe((9, 0))).name == "flex"  # not eager math
+
+
+def _packed(lens):
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    return cu, max(lens)
+
+
+@pytest.mark.parametrize("kw", [
+    {"causal": True}, {"causal": True, "alibi": True}, {"window": (7, 3), "softcap": 5.0},
+    {"causal": True, "sq": 20, "sk": 50, "alibi": True}, {"causal": True, "sq": 50, "sk": 20},
+    {"alibi_batch": True, "sq": 30, "sk": 40},
+])
+def test_flex_matches_the_reference_on_cpu(kw):
+    torch.manual_seed(0)
+    kw = dict(kw)
+    sq, sk = kw.pop("sq", 48), kw.pop("sk", 48)
+    q, k, v = torch.randn(2, sq, 4, 24), torch.randn(2, sk, 2, 24), torch.randn(2, sk, 2, 24)
+    if kw.pop("alibi", False):
+        kw["alibi_slopes"] = torch.rand(4)
+    if kw.pop("alibi_batch", False):
+        kw["alibi_slopes"] = torch.rand(2, 4)
+    out = attention(q, k, v, backend="flex", **kw)
+    assert (out - reference_attention(q, k, v, **kw)).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("kw", [{"causal": True}, {"causal": True, "alibi_slopes": torch.rand(4)},
+                                {"window": (3, 2), "alibi_slopes": torch.rand(4, 4)}])
+def test_flex_packed_varlen_is_a_document_mask(kw):
+    torch.manual_seed(1)
+    lq, lk = [5, 0, 17, 9], [8, 3, 17, 4]  # cross lengths, an empty sequence
+    (cq, mq), (ck, mk) = _packed(lq), _packed(lk)
+    q, k, v = torch.randn(sum(lq), 4, 16), torch.randn(sum(lk), 2, 16), torch.randn(sum(lk), 2, 16)
+    args = {"cu_seqlens_q": cq, "cu_seqlens_k": ck, "max_seqlen_q": mq, "max_seqlen_k": mk, **kw}
+    out = attention(q, k, v, backend="flex", **args)
+    assert (out - reference_attention(q, k, v, **args)).abs().max() < 1e-5
+
+
+# -- the dense-bias cache -----------------------------------------------------------------------------------------
+
+def test_alibi_bias_is_built_once_per_slopes_tensor_and_again_after_an_in_place_change():
+    q = torch.randn(2, 40, 4, 16)
+    slopes = torch.rand(4)
+    before = layout.BIASES.builds
+    for _ in range(6):
+        out = attention(q, q, q, causal=True, alibi_slopes=slopes, backend="sdpa")
+    assert layout.BIASES.builds - before == 1
+    assert (out - reference_attention(q, q, q, causal=True, alibi_slopes=slopes)).abs().max() < 1e-5
+    slopes.mul_(3.0)  # in place: a new version, so a new bias
+    out = attention(q, q, q, causal=True, alibi_slopes=slopes, backend="sdpa")
+    assert layout.BIASES.builds - before == 2
+    assert (out - reference_attention(q, q, q, causal=True, alibi_slopes=slopes)).abs().max() < 1e-5
+    attention(q, q, q, causal=True, alibi_slopes=torch.rand(4), backend="sdpa")  # another tensor: another build
+    assert layout.BIASES.builds - before == 3
+
+
+def test_a_dead_slopes_tensor_frees_its_bias():
+    from attnkit.runtime import dispatch
+
+    q = torch.randn(1, 32, 4, 16)
+    slopes = torch.rand(4)
+    attention(q, q, q, alibi_slopes=slopes, backend="sdpa")
+    ours = [k for k, (_, refs) in layout.BIASES._entries.items() if any(r() is slopes for r in refs)]
+    assert len(ours) == 1
+    dispatch.invalidate()  # the bound call holds the slopes (tiny); the cache holds them only weakly
+    del slopes
+    gc.collect()
+    assert ours[0] not in layout.BIASES._entries
+
+
+def test_slopes_that_require_grad_are_never_cached_and_get_their_gradient():
+    q = torch.randn(1, 24, 4, 16)
+    slopes = torch.rand(4, requires_grad=True)
+    before = layout.BIASES.builds
+    for _ in range(2):
+        attention(q, q, q, causal=True, alibi_slopes=slopes, backend="sdpa").sum().backward()
+    assert layout.BIASES.builds - before == 2 and slopes.grad is not None and slopes.grad.abs().sum() > 0
+
+
+# -- the sweep --------------------------------------------------------------------------------------------------
+
+def test_the_plan_covers_every_cell_and_every_level_and_any_prefix_is_balanced():
+    cases = tune.plan()
+    cells = tune._cells(tune.FEATURES)
+    assert len(cases) == tune.POINTS_PER_CELL * len(cells)
+    first = {tuple(s.label.split("|")[:6]) for s in cases[:len(cells)]}
+    assert len(first) == len(cells)  # the first pass measures every cell once
+    assert {s.head_dim for s in cases} == set(tune.HEAD_DIMS)
+    assert {s.label.split("|")[7] for s in cases} == {f"w{w}" for w in tune.WORK_LOG2}
+    assert len({s.label for s in cases}) == len(cases)
+    for s in cases[:200]:
+        assert (s.seqlen_q == 1) == ("|decode|" in s.label) and s.heads % s.kv_heads == 0
+        assert not (s.train and ("|decode|" in s.label or "|few|" in s.label))
+
+
+def test_validation_shapes_are_not_grid_points():
+    grid = {(s.head_dim, s.heads, s.kv_heads, s.seqlen_q, s.seqlen_k) for s in tune.plan()}
+    for s in tune.validation_shapes(quick=False):
+        assert (s.head_dim, s.heads, s.kv_heads, s.seqlen_q, s.seqlen_k) not in grid, s.label
+    assert {71, 20} <= {s.heads for s in tune.validation_shapes(quick=False)}
+
+
+def test_refine_adds_midpoints_where_the_winner_changes():
+    def result(w, winner, loser):
+        s = tune.shape_for(("bfloat16", True, "mha", "equal", "-", "no"), 128, w, True, 0)
+        ms = {f"attnkit:{winner}": {"fwd": {"sync": 1.0, "b2b": 1.0}},
+              f"attnkit:{loser}": {"fwd": {"sync": 2.0, "b2b": 2.0}}}
+        return {"shape": {"label": s.label, "train": True}, "cell": {"fwd": "c"}, "head_dim": 128,
+                "log2_work": float(w), "ms": ms, "wrong": {}}
+    same = [result(27, "a", "b"), result(35, "a", "b")]
+    assert tune.refine(same) == []
+    mids = tune.refine([result(27, "a", "b"), result(35, "b", "a")])
+    assert len(mids) == 1 and "|w31|" in mids[0].label
+
+
+def test_scores_rank_by_the_worse_mode_and_drop_wrong_backends():
+    r = {"ms": {"attnkit:a": {"fwd": {"sync": 1.0, "b2b": 3.0}}, "attnkit:b": {"fwd": {"sync": 1.5, "b2b": 1.5}},
+                "attnkit:c": {"fwd": {"sync": 0.1, "b2b": 0.1}}, "sdpa_plain": {"fwd": {"sync": 0.1, "b2b": 0.1}}},
+         "wrong": {"attnkit:c": "forward max error 1 > 0.05"}}
+    assert tune.decision_order(r, "fwd") == ["b", "a"]  # a loses 2x back to back; c was wrong
+
+
+def test_tune_on_this_cpu_shards_resumes_merges_and_selection_reads_the_table(tmp_path, monkeypatch):
+    """The whole pipeline for real, on the small grid: two shards (one cut short, then resumed), merged into a
+    table with provenance, which selection then decides from."""
+    cli = [sys.executable, "-m", "attnkit.cli", "tune", "--quick"]
+    s1, s2 = tmp_path / "s1.jsonl", tmp_path / "s2.jsonl"
+    run = lambda *a: subprocess.run([*cli, *a], capture_output=True, text=True, timeout=600)  # noqa: E731
+    r = run("--out", str(s1), "--shard", "1/2", "--max-cases", "2")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.splitlines()[-1])["ran"] == 2
+    assert "exists; pass --resume" in run("--out", str(s1), "--shard", "1/2").stderr
+    r = run("--out", str(s1), "--shard", "1/2", "--resume", "--max-cases", "2")
+    assert json.loads(r.stdout.splitlines()[-1])["done_before"] == 2
+    assert run("--out", str(s2), "--shard", "2/2", "--max-cases", "3").returncode == 0
+    lines = [json.loads(x) for x in s1.read_text().splitlines()]
+    assert lines[0]["header"] and len({x["shape"]["label"] for x in lines[1:]}) == 4  # nothing measured twice
+    out = tmp_path / "sel" / "cpu.json"
+    r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", "--merge", str(s1), str(s2), "--table", str(out),
+                        "--png"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    t = json.loads(out.read_text())
+    table.validate(t, str(out))
+    assert t["arch"] == "cpu" and t["provenance"]["cases"] == 7 and t["provenance"]["torch"] == torch.__version__
+    assert t["provenance"]["shards"] == ["1/2", "2/2"]  # a resumed file keeps its one header
+    assert out.with_suffix(".png").stat().st_size > 1000
+    every = [p for pts in t["cells"].values() for p in pts]
+    assert all(set(p["order"]) <= set(REGISTRY) for p in every)
+    # selection decides from it
+    cell, pts = next(iter(t["cells"].items()))
+    monkeypatch.setenv(table.ENV_TABLES, str(out.parent))
+    table.load.cache_clear()
+    try:
+        hit = [c for c in _cpu_calls() if table.cell_of(c) == cell]
+        assert hit, cell  # the quick grid's cells are all among these calls
+        order, d = priority.order_for(hit[0], None)
+        assert d.source == "table" and order[0] == table.nearest(pts, hit[0].head_dim, table.log2_work(
+            hit[0]))["order"][0]
+    finally:
+        table.load.cache_clear()
+
+
+def _cpu_calls():
+    base = call(device="cpu", dtype="float32", requires_grad=False)
+    for causal in (True, False):
+        for kvh in (16, 4):
+            for sq in (1, 512):
+                for alibi in (False, True):
+                    yield replace(base, causal=causal and sq > 1, kv_heads=kvh, seqlen_q=sq, seqlen_k=512,
+                                  alibi=alibi, heads=16)
+
+
+def test_merge_refuses_missing_and_foreign_files(tmp_path):
+    bad = tmp_path / "x.jsonl"
+    bad.write_text('{"shape": {}}\n')
+    r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", "--merge", str(bad), "--table",
+                        str(tmp_path / "t.json")], capture_output=True, text=True)
+    assert r.returncode != 0 and "not an attnkit tune file" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", "--merge", str(tmp_path / "nope.jsonl"),
+                        "--table", str(tmp_path / "t.json")], capture_output=True, text=True)
+    assert r.returncode != 0 and "does not exist" in r.stderr
+    assert not (tmp_path / "t.json").exists()
