@@ -182,7 +182,7 @@ def shapes_from_model(path: str, seqlen: int, batch: int, dtype: str | None) -> 
         raise AttnkitError(f"--model {cfg_path}: sliding_window: expected an integer >= 1 (tokens), or null or 0 for "
                            f"none, got {sw!r}"[:300])
     # ALiBi models: BLOOM (model_type "bloom"), MPT (attn_config.alibi), Falcon-RW (alibi: true)
-    attn_cfg = cfg.get("attn_config") if isinstance(cfg.get("attn_config"), dict) else {}
+    attn_cfg: dict[str, Any] = cfg["attn_config"] if isinstance(cfg.get("attn_config"), dict) else {}
     alibi = cfg.get("model_type") == "bloom" or cfg.get("alibi") is True or attn_cfg.get("alibi") is True
     layer_types = cfg.get("layer_types") or []
     if not isinstance(layer_types, list):
