@@ -13,6 +13,7 @@ Limits per architecture, from flash_attn/cute/interface.py of 4.0.0b36 (the pinn
   ("deterministic backward not supported on SM 12.0"); no split-KV.
 sm8x has a forward kernel but no backward ("Supported: 9.x, 10.x, 11.x, 12.x"), so no row here. No dropout
 argument; ALiBi and arbitrary bias only through score_mod, which attnkit does not use; fp8 is forward-only.
+Under torch.compile the same kernels run through attnkit's torch.library ops (fa4_ops.py).
 
 `import flash_attn.cute` takes ~4.6 s (CuTe DSL / MLIR), so nothing imports it until this backend is chosen
 for a call or `attnkit doctor` / `attnkit warmup` asks. Just before that import, FA4's compiled-kernel disk
@@ -29,8 +30,9 @@ from attnkit.runtime import loaders
 from attnkit.runtime.backends.base import ArchLimits, Backend, Limits, Runner
 from attnkit.runtime.call import AttentionCall, Params
 
+# traces: under torch.compile / torch.export the call goes through attnkit's torch.library ops (fa4_ops.py)
 _COMMON = Limits(dtypes=frozenset({"float16", "bfloat16"}), head_dim_multiple=8, gqa="native", varlen="native",
-                 window=True, softcap=True)
+                 window=True, softcap=True, traces=frozenset({"compile"}))
 
 class FlashAttn4(Backend):
     name = "flash_attn4"
@@ -50,6 +52,14 @@ class FlashAttn4(Backend):
         return loaders.fa4_import_seconds()
 
     def bind(self, call: AttentionCall, p: Params, q: Any, k: Any, v: Any) -> Runner:
+        if call.trace == "compile":  # recorded as attnkit::fa4_fwd / fa4_bwd: nothing imported while tracing
+            from attnkit.runtime.backends.fa4_ops import ops
+
+            op = ops().fa4_fwd
+            left, right = p.window or (-1, -1)
+            args = (p.cu_seqlens_q, p.cu_seqlens_k, p.max_seqlen_q if call.varlen else -1,
+                    p.max_seqlen_k if call.varlen else -1, p.scale, call.causal, left, right, p.softcap)
+            return lambda q, k, v: op(q, k, v, *args)[0]
         fa = loaders.load_fa4()
         kw: dict[str, Any] = {"softmax_scale": p.scale, "causal": call.causal}
         if p.window is not None:  # attnkit's -1 (unbounded) is FA4's None; both align bottom-right

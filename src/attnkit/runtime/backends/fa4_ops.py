@@ -1,0 +1,115 @@
+"""FlashAttention-4 as torch.library custom ops, so that graphs record it as eager runs it.
+
+FlashAttention-4 (4.0.0b36) has no torch.library ops of its own: its `flash_attn_func` is a Python
+autograd.Function over CuTe DSL kernels, which dynamo and AOTAutograd cannot trace. Under torch.compile attnkit
+therefore ruled FA4 out, and a compiled model ran cuDNN with masks built in the graph (H200: 0.17 of eager's
+speed on a sliding window, 0.62 on chunked prefill; docs/results/2026-12-01-h200-compile-before-ops.json,
+measured from outside the project).
+
+Two ops, forward and backward, wired together with `register_autograd`:
+- `attnkit::fa4_fwd(q, k, v, cu_seqlens_q?, cu_seqlens_k?, max_seqlen_q, max_seqlen_k, scale, causal,
+  window_left, window_right, softcap) -> (out, lse)`; window -1 = unbounded, max_seqlen -1 = not varlen.
+- `attnkit::fa4_bwd(dout, q, k, v, out, lse, ..., deterministic) -> (dq, dk, dv)`.
+Their fake implementations give FA4's output and log-sum-exp shapes (lse: (batch, heads, seqlen_q) float32, or
+(heads, total_q) for varlen: `_flash_attn_fwd`'s own allocation) without importing `flash_attn.cute` (4-5 s):
+the real module loads only when a real call runs. dynamo records the ops, AOTAutograd keeps the backward op,
+torch.export keeps both, and CUDA graphs capture them like the eager call (FA4 compiles on first use, which
+warmup pays: `attnkit warmup` runs attention(), whose compiled path goes through these same kernels).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from attnkit.runtime import loaders
+
+NS = "attnkit"
+_ARGS = ("Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, float softmax_scale, "
+         "bool causal, int window_left, int window_right, float softcap")
+FWD_SCHEMA = f"(Tensor q, Tensor k, Tensor v, {_ARGS}) -> (Tensor, Tensor)"
+BWD_SCHEMA = (f"(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, {_ARGS}, bool deterministic) "
+              "-> (Tensor, Tensor, Tensor)")
+
+
+def _window(w: int) -> int | None:
+    return None if w < 0 else w
+
+
+@functools.cache
+def ops() -> Any:
+    """Register the two ops (once per process) and return torch.ops.attnkit."""
+    import torch
+    from torch import Tensor
+
+    # explicit schemas: this module's annotations are strings (postponed), which infer_schema cannot read
+    @torch.library.custom_op(f"{NS}::fa4_fwd", mutates_args=(), device_types="cuda", schema=FWD_SCHEMA)
+    def fa4_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
+                max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
+                window_right: int, softcap: float) -> tuple[Tensor, Tensor]:
+        loaders.load_fa4()
+        from flash_attn.cute.interface import _flash_attn_fwd
+
+        varlen = cu_seqlens_q is not None
+        out, lse, *_ = _flash_attn_fwd(
+            q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+            max_seqlen_q=max_seqlen_q if varlen else None, max_seqlen_k=max_seqlen_k if varlen else None,
+            softmax_scale=softmax_scale, causal=causal, softcap=softcap or None,
+            window_size_left=_window(window_left), window_size_right=_window(window_right), return_lse=True)
+        return out, lse
+
+    @fa4_fwd.register_fake
+    def _(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
+          max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
+          window_right: int, softcap: float) -> tuple[Tensor, Tensor]:
+        return fake_outputs(q, v, cu_seqlens_q is not None)
+
+    @torch.library.custom_op(f"{NS}::fa4_bwd", mutates_args=(), device_types="cuda", schema=BWD_SCHEMA)
+    def fa4_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Tensor | None,
+                cu_seqlens_k: Tensor | None, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
+                causal: bool, window_left: int, window_right: int, softcap: float,
+                deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+        loaders.load_fa4()
+        from flash_attn.cute.interface import _flash_attn_bwd
+
+        varlen = cu_seqlens_q is not None
+        dq, dk, dv = _flash_attn_bwd(
+            q, k, v, out, dout.contiguous(), lse, softmax_scale, causal, softcap,
+            window_size_left=_window(window_left), window_size_right=_window(window_right),
+            cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+            max_seqlen_q=max_seqlen_q if varlen else None, max_seqlen_k=max_seqlen_k if varlen else None,
+            deterministic=deterministic)[:3]
+        return dq, dk, dv
+
+    @fa4_bwd.register_fake
+    def _(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Tensor | None,
+          cu_seqlens_k: Tensor | None, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
+          window_left: int, window_right: int, softcap: float, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, Any]) -> None:
+        q, k, v, cu_q, cu_k, mq, mk, scale, causal, wl, wr, cap = inputs
+        out, lse = output
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+        ctx.args = (mq, mk, scale, causal, wl, wr, cap)
+        ctx.deterministic = torch.are_deterministic_algorithms_enabled()
+
+    def backward(ctx: Any, dout: Any, dlse: Any) -> tuple[Any, ...]:
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        dq, dk, dv = torch.ops.attnkit.fa4_bwd(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.args, ctx.deterministic)
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None
+
+    fa4_fwd.register_autograd(backward, setup_context=setup_context)
+    return torch.ops.attnkit
+
+
+def fake_outputs(q: Any, v: Any, varlen: bool) -> tuple[Any, Any]:
+    """FA4's (out, lse) for these inputs, allocated like `_flash_attn_fwd` does (no kernel, no import)."""
+    import torch
+
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    if varlen:  # (total_q, heads, d) -> lse (heads, total_q)
+        lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    else:  # (batch, seqlen_q, heads, d) -> lse (batch, heads, seqlen_q)
+        lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    return out, lse

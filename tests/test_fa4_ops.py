@@ -1,0 +1,155 @@
+"""FlashAttention-4's torch.library ops (runtime/backends/fa4_ops.py) on this CPU machine: the fake
+implementations (shapes, dtypes, symbolic sizes, no flash_attn.cute import), torch.library.opcheck against a
+CPU reference kernel registered here (FA4's own kernels need a GPU), and the compile path's graph holding both
+ops with FA4 selected (a fake H200 probe, fake CUDA tensors)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from test_selection import fake_probe
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from attnkit.runtime.backends import fa4_ops
+
+OPS = fa4_ops.ops()
+
+
+def _ref(q, k, v, scale, causal):
+    """(out, lse) in FA4's layouts, dense (batch, seqlen, heads, d) inputs, float32 math."""
+    g = q.shape[2] // k.shape[2]
+    qt, kt, vt = (t.transpose(1, 2).float() for t in (q, k, v))
+    kt, vt = kt.repeat_interleave(g, 1), vt.repeat_interleave(g, 1)
+    s = qt @ kt.transpose(-1, -2) * scale
+    if causal:
+        sq, sk = s.shape[-2:]
+        keep = torch.arange(sk)[None, :] <= torch.arange(sq)[:, None] + (sk - sq)
+        s = s.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    return (torch.softmax(s, -1) @ vt).transpose(1, 2).to(q.dtype).contiguous(), lse.contiguous()
+
+
+@pytest.fixture(scope="module")
+def cpu_kernels():
+    """A CPU reference for both ops, registered for this module's tests only (opcheck needs a real kernel)."""
+
+    def fwd(q, k, v, cu_q, cu_k, mq, mk, scale, causal, wl, wr, cap):
+        return _ref(q, k, v, scale, causal)
+
+    def bwd(dout, q, k, v, out, lse, cu_q, cu_k, mq, mk, scale, causal, wl, wr, cap, det):
+        # the attention backward written out (autograd does not run inside an op's kernel)
+        g = q.shape[2] // k.shape[2]
+        qt, kt, vt, dot, ot = (t.transpose(1, 2).double() for t in (q, k, v, dout, out))
+        kt, vt = kt.repeat_interleave(g, 1), vt.repeat_interleave(g, 1)
+        p = torch.exp(qt @ kt.transpose(-1, -2) * scale - lse.double()[..., None])
+        if causal:
+            sq, sk = p.shape[-2:]
+            p = p * (torch.arange(sk)[None, :] <= torch.arange(sq)[:, None] + (sk - sq))
+        dv = p.transpose(-1, -2) @ dot
+        ds = p * (dot @ vt.transpose(-1, -2) - (dot * ot).sum(-1, keepdim=True))
+        dq, dk = ds @ kt * scale, ds.transpose(-1, -2) @ qt * scale
+
+        def fold(t, like):  # sum the query heads of each kv head (GQA), back to (batch, seqlen, heads, d)
+            b, h, s_, d = t.shape
+            return t.reshape(b, h // g, g, s_, d).sum(2).transpose(1, 2).to(like.dtype).contiguous()
+        return dq.transpose(1, 2).to(q.dtype).contiguous(), fold(dk, k), fold(dv, v)
+
+    torch.library.register_kernel("attnkit::fa4_fwd", "cpu", fwd)
+    torch.library.register_kernel("attnkit::fa4_bwd", "cpu", bwd)
+    return
+
+
+def test_fake_shapes_dense_and_varlen_without_importing_flash_attn_cute():
+    code = (
+        "import sys, torch\n"
+        "from torch._subclasses.fake_tensor import FakeTensorMode\n"
+        "from attnkit.runtime.backends.fa4_ops import ops\n"
+        "o = ops()\n"
+        "with FakeTensorMode():\n"
+        "    q = torch.empty(2, 100, 8, 64, dtype=torch.bfloat16, device='cuda')\n"
+        "    k = torch.empty(2, 300, 2, 64, dtype=torch.bfloat16, device='cuda')\n"
+        "    v = torch.empty(2, 300, 2, 32, dtype=torch.bfloat16, device='cuda')\n"
+        "    out, lse = o.fa4_fwd(q, k, v, None, None, -1, -1, 0.125, True, -1, -1, 0.0)\n"
+        "    assert out.shape == (2, 100, 8, 32) and out.dtype == torch.bfloat16 and out.device.type == 'cuda'\n"
+        "    assert lse.shape == (2, 8, 100) and lse.dtype == torch.float32\n"
+        "    qp = torch.empty(700, 8, 64, dtype=torch.float16, device='cuda')\n"
+        "    kp = torch.empty(900, 2, 64, dtype=torch.float16, device='cuda')\n"
+        "    cu = torch.empty(5, dtype=torch.int32, device='cuda')\n"
+        "    out, lse = o.fa4_fwd(qp, kp, kp, cu, cu, 300, 400, 0.125, False, 128, 0, 0.0)\n"
+        "    assert out.shape == (700, 8, 64) and lse.shape == (8, 700)\n"
+        "    dq, dk, dv = o.fa4_bwd(out, qp, kp, kp, out, lse, cu, cu, 300, 400, 0.1, False, -1, -1, 0.0, False)\n"
+        "    assert dq.shape == qp.shape and dk.shape == kp.shape and dv.shape == kp.shape\n"
+        "assert 'flash_attn.cute' not in sys.modules and 'flash_attn' not in sys.modules\n"
+        "print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+def test_fake_shapes_stay_symbolic():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(q, k, v):
+        return OPS.fa4_fwd(q, k, v, None, None, -1, -1, 0.125, True, -1, -1, 0.0)
+
+    q = torch.empty(2, 100, 8, 64, dtype=torch.bfloat16)
+    k = torch.empty(2, 300, 2, 64, dtype=torch.bfloat16)
+    gm = make_fx(f, tracing_mode="symbolic")(q, k, k)
+    shapes = [n.meta["val"] for n in gm.graph.nodes if n.op == "call_function" and "fa4_fwd" in str(n.target)]
+    assert shapes, gm.graph
+    out, lse = shapes[0]
+    assert not isinstance(out.shape[1], int) and str(out.shape[1]) == str(gm.graph.find_nodes(op="placeholder")[0]
+                                                                            .meta["val"].shape[1])
+    assert lse.shape[2] == out.shape[1] and lse.dtype == torch.float32
+
+
+def test_opcheck_with_a_cpu_reference_kernel(cpu_kernels):
+    torch.manual_seed(0)
+    for causal, (sq, sk) in ((True, (16, 16)), (False, (8, 24)), (True, (5, 12))):
+        q = torch.randn(2, sq, 4, 16, requires_grad=True)
+        k = torch.randn(2, sk, 2, 16, requires_grad=True)
+        v = torch.randn(2, sk, 2, 16, requires_grad=True)
+        torch.library.opcheck(OPS.fa4_fwd, (q, k, v, None, None, -1, -1, 1 / math.sqrt(16), causal, -1, -1, 0.0))
+
+
+def test_autograd_through_the_ops_gives_the_reference_gradient(cpu_kernels):
+    torch.manual_seed(1)
+    q = torch.randn(2, 12, 4, 16, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 12, 2, 16, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 12, 2, 16, dtype=torch.float64, requires_grad=True)
+    out, _ = OPS.fa4_fwd(q, k, v, None, None, -1, -1, 0.25, True, -1, -1, 0.0)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), g)
+    ref = torch.autograd.grad(_ref(q, k, v, 0.25, True)[0], (q, k, v), g)
+    for a, b in zip(got, ref, strict=True):
+        assert (a - b).abs().max() < 1e-5  # the reference is float32 math
+
+
+def test_the_compile_path_records_fa4_when_it_is_selected(monkeypatch):
+    """What AOTAutograd traces under torch.compile: attention()'s traced path with FA4 chosen (a fake H200 with
+    flash-attn-4) on fake CUDA tensors: the graph holds attnkit::fa4_fwd; no dense mask is built for the window;
+    nothing from flash_attn is imported. Forward only: an autograd node on a fake CUDA tensor aborts a CPU-only
+    torch; the ops' autograd (fa4_bwd in the joint graph) is what opcheck's AOT tests above check."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from attnkit.runtime import graph
+    from attnkit.runtime import probe as probe_mod
+    from attnkit.runtime.call import Inputs
+
+    p = fake_probe((9, 0), ("flash-attn-4",))
+    monkeypatch.setattr(probe_mod, "probe", lambda *a, **k: p)
+    def step(q, k, v):
+        return graph.run_traced(Inputs(q, k, v, causal=True, window=(256, 0)), None, "compile")
+
+    with FakeTensorMode():
+        q = torch.empty(2, 4096, 16, 128, dtype=torch.bfloat16, device="cuda")
+        k = torch.empty(2, 4096, 4, 128, dtype=torch.bfloat16, device="cuda")
+        v = torch.empty(2, 4096, 4, 128, dtype=torch.bfloat16, device="cuda")
+        gm = make_fx(step)(q, k, v)  # the inputs are this mode's fake CUDA tensors already
+    targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    assert any("attnkit.fa4_fwd" in t for t in targets), targets
+    assert not any("scaled_dot_product" in t or "masked_fill" in t for t in targets), targets
+    assert "flash_attn.cute" not in sys.modules
