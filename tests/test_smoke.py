@@ -20,13 +20,15 @@ def test_smoke_report_on_this_machine(tmp_path, capsys):
     rep = json.loads(out.read_text())
     dev = rep["doctor"]["device"]
     n = len(smoke.CASES) * len(smoke.dtypes(dev))
-    assert sum(rep["counts"].values()) == (len(REGISTRY) + 1) * n
+    assert sum(rep["counts"].values()) == (len(REGISTRY) + 2) * n  # every backend, attention(), compiled
     assert rep["counts"].get("failed", 0) == 0
     by = rep["by_backend"]
     assert by["attnkit"] == {"passed": n}  # attention() itself serves every case here
     if dev == "cpu":
         assert by["sdpa_math"] == {"passed": n} and by["sdpa"]["passed"] == n - 1  # all but softcap
         assert by["flash_attn4"] == {"skipped": n}
+        # under torch.compile: every dense compiled case (varlen needs a native varlen kernel in a graph)
+        assert by[smoke.COMPILED] == {"passed": len(smoke.COMPILED_CASES) - 1, "skipped": n - len(smoke.COMPILED_CASES) + 1}
         assert any(r.startswith("flash_attn4: ") for r in rep["skipped_reasons"])
     alibi = next(c for c in rep["checks"] if c["backend"] == "sdpa_math" and c["case"] == "alibi_cross")
     assert alibi["outcome"] == "passed" and alibi["fwd_err"] < smoke.TOL[alibi["dtype"]][0]

@@ -2,7 +2,7 @@
 float64 reference, for every feature a backend claims: MHA, GQA, bottom-right causal with fewer and with more
 queries than keys, decode, varlen (with keyless rows), sliding windows, ALiBi (also far from the diagonal, where
 a bias cast to bf16 used to lose 0.3 of accuracy), softcap. Then the same cases through attention() itself,
-whose selection picks the backend. A backend or case this machine cannot run is skipped with the backend's own
+whose selection picks the backend, and a set of them through attention() under torch.compile(fullgraph=True). A backend or case this machine cannot run is skipped with the backend's own
 reasons. The JSON report holds every check with the doctor report: one file per machine.
 
 It ships inside the package, so an image checks itself with no test files in it.
@@ -21,6 +21,11 @@ from attnkit.errors import first_line
 # (forward, backward) max abs error per dtype on unit-variance inputs, against the float64 reference
 TOL = {"float16": (4e-3, 2e-2), "bfloat16": (2.5e-2, 1e-1), "float32": (2e-4, 2e-3), "float64": (1e-7, 1e-6)}
 AUTO = "attnkit"  # the row that goes through attention() and its selection
+# attention() under torch.compile(fullgraph=True): what a graph records (FlashAttention-4 through attnkit's
+# torch.library ops, flex, SDPA's aten ops) checked like eager, forward and backward. backend="aot_eager": the
+# graph AOTAutograd records, run without inductor's code generation (the kernels are the recorded ops' own)
+COMPILED = "attnkit-compiled"
+COMPILED_CASES = ("mha", "gqa", "causal_sq_lt_sk", "decode", "varlen", "window", "alibi", "softcap")
 
 
 @dataclass(frozen=True)
@@ -112,7 +117,21 @@ def check(backend: str, case_name: str, dtype: str, device: str) -> dict[str, An
     t0 = time.perf_counter()
     try:
         call, params = inp.prepare()
-        if backend == AUTO:
+        fn: Any = None
+        if backend == COMPILED:
+            from attnkit.runtime.attention import attention
+            from attnkit.runtime.select import NoBackendError, select
+
+            if case_name not in COMPILED_CASES:
+                return {**entry, "outcome": "skipped", "reason": f"{COMPILED}: run on {', '.join(COMPILED_CASES)}"}
+            try:
+                entry["selected"] = select(inp.describe("compile")).name
+            except NoBackendError as exc:
+                return {**entry, "outcome": "skipped", "reason": f"{COMPILED}: {str(exc).splitlines()[0]}"}
+            kw = _kwargs(inp)
+            fn = torch.compile(lambda q, k, v: attention(q, k, v, **kw), fullgraph=True, backend="aot_eager")
+            out = fn(inp.q, inp.k, inp.v)
+        elif backend == AUTO:
             from attnkit.runtime.attention import attention
             from attnkit.runtime.select import NoBackendError, select
 
@@ -142,7 +161,10 @@ def check(backend: str, case_name: str, dtype: str, device: str) -> dict[str, An
             go = g.to(out.dtype)
             entry["bwd_err"] = {}
             for label, grad_out in (("", go), (" (dO in another layout)", _other_layout(go))):
-                grads = torch.autograd.grad(out, (inp.q, inp.k, inp.v), grad_out, retain_graph=not label)
+                if backend == COMPILED:  # a compiled backward donates its buffers: one backward per forward
+                    out = fn(inp.q, inp.k, inp.v)
+                grads = torch.autograd.grad(out, (inp.q, inp.k, inp.v), grad_out,
+                                            retain_graph=not label and backend != COMPILED)
                 for name, a, b in zip("qkv", grads, refs, strict=True):
                     if not torch.isfinite(a).all():
                         problems.append(f"d{name} has NaN/inf{label}")
@@ -204,8 +226,8 @@ def run_smoke(report: str | None = None, backends: list[str] | None = None, case
     from attnkit.runtime.probe import probe
 
     for name in backends or []:
-        if name not in REGISTRY and name != AUTO:
-            raise UsageError(f"--backend: unknown backend {name!r}; known: {', '.join([*REGISTRY, AUTO])}")
+        if name not in REGISTRY and name not in (AUTO, COMPILED):
+            raise UsageError(f"--backend: unknown backend {name!r}; known: {', '.join([*REGISTRY, AUTO, COMPILED])}")
     for name in cases or []:
         if name not in CASES:
             raise UsageError(f"--case: unknown case {name!r}; known: {', '.join(CASES)}")
@@ -214,11 +236,11 @@ def run_smoke(report: str | None = None, backends: list[str] | None = None, case
     if p.torch is None:
         why = p.torch_error or "torch is not installed"
         checks = [{"backend": b, "outcome": "skipped", "reason": f"{why}: no attention backend can run"}
-                  for b in backends or [*REGISTRY, AUTO]]
+                  for b in backends or [*REGISTRY, AUTO, COMPILED]]
     else:
         device = "cuda" if p.has_gpu and p.torch.cuda_available else "cpu"
         checks = []
-        for b in backends or [*REGISTRY, AUTO]:
+        for b in backends or [*REGISTRY, AUTO, COMPILED]:
             for c in cases or list(CASES):
                 for dt in dtypes(device):
                     checks.append(check(b, c, dt, device))
