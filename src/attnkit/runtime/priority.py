@@ -122,7 +122,8 @@ ROWS: tuple[Row, ...] = (
         "8.3, padded SDPA 49", {"varlen": True}),
     Row("decode", SM90, ("sdpa",),
         f"{BENCH}: 'decode *': torch's own pick (cuDNN) is fastest; FA4 has no split-KV on sm90 (0.36 vs 0.07 ms "
-        "at Sk=32768)", {"decode": True}),
+        f"at Sk=32768); a windowed decode is not this row's: SDPA needs a mask there, FA4 a key range ({FLEX}: "
+        "FA4 0.48 ms)", {"decode": True, "window": False}),
     Row("chunked prefill and speculative decoding", SM90, ("flash_attn4", "sdpa"),
         f"{BENCH}: 'prefill *' FA4 0.23 vs 0.42 ms, 'spec-decode Sq4' 0.12 vs 0.41 ms; "
         "without FA4 torch's own pick is its native bottom-right flash kernel. Ahead of 'small': SDPA's lower-right "
