@@ -128,6 +128,9 @@ ROWS: tuple[Row, ...] = (
         f"{BENCH}: 'prefill *' FA4 0.23 vs 0.42 ms, 'spec-decode Sq4' 0.12 vs 0.41 ms; "
         "without FA4 torch's own pick is its native bottom-right flash kernel. Ahead of 'small': SDPA's lower-right "
         "path took 0.41 ms for a call of 2^30 work", {"fewer_queries": True, "work": (FA4_PREFILL_WORK, BIG)}),
+    Row("windowed decode", SM90, ("flash_attn4",),
+        f"{FLEX}: a windowed decode step (one query, GQA): FA4 0.48 ms, about 2x attnkit's SDPA pick with a "
+        "mask; ahead of 'small', where every decode step's work is", {"decode": True, "window": True}),
     Row("small", SM90, ("sdpa",),
         f"{BENCH}: 'small *', 'cross fp16 Sq1024 Sk77': the plain call is fastest, FA4 2.5-4x slower",
         {"small": True}),
