@@ -198,7 +198,7 @@ def oracle(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 def tune(session: nox.Session) -> None:
     """On the GPU whose selection table it writes, in THIS environment: `attnkit tune` (the sweep of
-    runtime/tune.py) appending to one results file per shard, resumable. `-- [attnkit tune options]`; without
+    bench/tune.py) appending to one results file per shard, resumable. `-- [attnkit tune options]`; without
     --out, <reports>/<date>-<host>-tune-<shard>.jsonl with --resume. Then, once every shard is measured:
     `attnkit tune --merge FILES --table src/attnkit/data/selection/<arch>.json --png` and `attnkit tune --validate`."""
     env = _current_env(session)
@@ -216,7 +216,7 @@ def integrations(session: nox.Session) -> None:
     kernels in the compiled graph, and CUDA-graph decode capture per backend; JSON report."""
     env = _current_env(session)
     out = session.posargs[0] if session.posargs else _report_path("integrations")
-    session.run(sys.executable, "-m", "attnkit.integrations.bench", "--out", out, *session.posargs[1:], env=env)
+    session.run(sys.executable, "-m", "attnkit.cli", "bench", "--integrations", "--out", out, *session.posargs[1:], env=env)
 
 
 @nox.session(venv_backend="none")

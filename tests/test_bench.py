@@ -10,13 +10,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from attnkit.runtime import bench  # noqa: E402
+from attnkit.bench import candidates, numerics, run, shapes, timer  # noqa: E402
 
 
 def test_interleaved_shuffles_predecessors_and_times_blocks():
     seen: list[str] = []
     runs = {n: (lambda n=n: seen.append(n)) for n in "abcde"}
-    times = bench.interleaved(runs, "cpu", iters=30)
+    times = timer.interleaved(runs, "cpu", iters=30)
     assert set(times) == set("abcde") and all(t >= 0 for t in times.values())
     rounds = [seen[i:i + 5] for i in range(0, len(seen), 5)]
     assert len(rounds) == 30 and all(sorted(r) == list("abcde") for r in rounds)
@@ -24,7 +24,7 @@ def test_interleaved_shuffles_predecessors_and_times_blocks():
     before_c = {r[r.index("c") - 1] for r in rounds if r.index("c") > 0}
     assert len(before_c) >= 3
     seen.clear()
-    bench.interleaved(runs, "cpu", iters=2, calls=7)  # back to back: 7 calls per sample
+    timer.interleaved(runs, "cpu", iters=2, calls=7)  # back to back: 7 calls per sample
     assert len(seen) == 2 * 5 * 7
 
 
@@ -32,50 +32,50 @@ def test_warm_keeps_errors_as_results():
     def broken():
         raise RuntimeError("No execution plans support the graph\nmore detail")
 
-    outs, errors = bench.warm({"ok": lambda: 1, "bad": broken}, "cpu")
+    outs, errors = timer.warm({"ok": lambda: 1, "bad": broken}, "cpu")
     assert outs == {"ok": 1} and errors == {"bad": "RuntimeError: No execution plans support the graph"}
 
 
 def test_attn_flops_causal_is_half():
-    full = bench.attn_flops(2, 8, 1024, 1024, 128, causal=False)
+    full = shapes.attn_flops(2, 8, 1024, 1024, 128, causal=False)
     assert full == 4 * 2 * 8 * 1024 * 1024 * 128
-    assert bench.attn_flops(2, 8, 1024, 1024, 128, causal=True) == full / 2
+    assert shapes.attn_flops(2, 8, 1024, 1024, 128, causal=True) == full / 2
 
 
-@pytest.mark.parametrize("label", [s.label for s in bench.suite(quick=True)])
+@pytest.mark.parametrize("label", [s.label for s in shapes.suite(quick=True)])
 def test_plain_candidate_is_correct_and_the_check_catches_a_wrong_output(label):
     """sdpa_plain (the call a user writes: lower-right causal bias, a mask built once, the padded batch for
     varlen) agrees with the reference; a candidate that drops the mask does not pass the check."""
-    s = next(s for s in bench.suite(quick=True) if s.label == label)
-    c = bench.Case(s, "cpu")
+    s = next(s for s in shapes.suite(quick=True) if s.label == label)
+    c = candidates.Case(s, "cpu")
     runs, absent = c.candidates(grad=False)
     assert {"sdpa_plain", "attnkit", "attnkit:sdpa_math"} <= set(runs)
     assert absent["flash_attn4"] and absent["attnkit:sdpa_cudnn"]  # with the backends' own reasons
     with torch.no_grad():
         for name in ("sdpa_plain", "attnkit"):
-            assert bench.max_error(c, runs[name](), name) < bench.BENCH_TOL["float32"], name
+            assert numerics.max_error(c, runs[name](), name) < numerics.BENCH_TOL["float32"], name
         if s.causal and s.seqlen_q > 1:
             from attnkit.runtime.attention import attention
 
             wrong = attention(c.q, c.k, c.v, **{**c.kw, "causal": False, "window": None})
-            assert bench.max_error(c, wrong, "attnkit") > 10 * bench.BENCH_TOL["float32"]
+            assert numerics.max_error(c, wrong, "attnkit") > 10 * numerics.BENCH_TOL["float32"]
 
 
 def test_ratios_use_the_fastest_correct_candidate():
     ms = {"sdpa_plain": {"fwd": {"sync": 2.0, "b2b": 1.0}}, "attnkit": {"fwd": {"sync": 1.0, "b2b": 1.25}},
           "flash_attn4": {"fwd": {"sync": 0.5, "b2b": 2.0}}}
-    r = bench.ratios(ms, ["fwd"])["fwd"]
+    r = run.ratios(ms, ["fwd"])["fwd"]
     assert r["sync"] == {"oracle": "flash_attn4", "selected_over_oracle": 0.5, "selected_over_sdpa_plain": 2.0}
     assert r["b2b"] == {"oracle": "sdpa_plain", "selected_over_oracle": 0.8, "selected_over_sdpa_plain": 0.8}
 
 
 def test_quick_bench_report(tmp_path):
     out = tmp_path / "bench.json"
-    assert bench.run_bench(str(out), quick=True, png=False) == 0
+    assert run.run_bench(str(out), quick=True, png=False) == 0
     r = json.loads(out.read_text())
     assert r["device"] == "cpu" and r["quick"] is True
     assert r["environment"]["probe"]["torch"]["version"] == torch.__version__
-    assert [s["label"] for s in r["shapes"]] == [s.label for s in bench.suite(quick=True)]
+    assert [s["label"] for s in r["shapes"]] == [s.label for s in shapes.suite(quick=True)]
     for s in r["shapes"]:
         passes = ["fwd", "fwdbwd"] if s["shape"]["train"] else ["fwd"]
         assert {"label", "call", "selected", "ms", "ratios"} <= set(s)

@@ -147,9 +147,14 @@ def test_backends_a_graph_cannot_record_are_ruled_out_with_a_reason():
     q, k, v = (t.detach() for t in _qkv(1, 8, 8, 2, 2, 64))
     for trace, words in (("compile", "torch.compile"), ("jit", "torch.jit.trace")):
         call = Inputs(q.half(), k.half(), v.half()).describe(trace)
-        why = reasons(REGISTRY["flash_attn4"].limits, call.__class__(**{**call.__dict__, "device": "cuda"}), (9, 0))
+        on_gpu = call.__class__(**{**call.__dict__, "device": "cuda"})
+        why = reasons(REGISTRY["xformers"].limits, on_gpu, (9, 0))
         assert any(f"cannot be recorded by {words}" in r for r in why), why
         assert not any("recorded" in r for r in reasons(REGISTRY["sdpa"].limits, call, None))
+        # FlashAttention-4 (attnkit's torch.library ops) and flex (torch's own op): compile yes, jit no
+        for name in ("flash_attn4", "flex"):
+            recorded = not any("recorded" in r for r in reasons(REGISTRY[name].limits, on_gpu, (9, 0)))
+            assert recorded == (trace == "compile"), (name, trace)
     call = Inputs(q[0], k[0], v[0], cu_seqlens_q=torch.tensor([0, 8], dtype=torch.int32),
                   cu_seqlens_k=torch.tensor([0, 8], dtype=torch.int32), max_seqlen_q=8, max_seqlen_k=8).describe("compile")
     assert call.lengths_q is None  # never read on the host while tracing

@@ -1,5 +1,5 @@
 """Selection from measurement: the table lookup (runtime/table.py), the sweep that writes tables
-(runtime/tune.py, run for real on this CPU), the flex backend's limits and numerics, and the dense-bias cache."""
+(bench/tune.py, run for real on this CPU), the flex backend's limits and numerics, and the dense-bias cache."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import pytest
 import torch
 from test_selection import call, fake_probe
 
-from attnkit.runtime import layout, priority, table, tune
+from attnkit.bench import tune
+from attnkit.runtime import layout, priority, table
 from attnkit.runtime import select as sel
 from attnkit.runtime.attention import attention
 from attnkit.runtime.backends import REGISTRY
@@ -189,6 +190,30 @@ def test_flex_packed_varlen_is_a_document_mask(kw):
     args = {"cu_seqlens_q": cq, "cu_seqlens_k": ck, "max_seqlen_q": mq, "max_seqlen_k": mk, **kw}
     out = attention(q, k, v, backend="flex", **args)
     assert (out - reference_attention(q, k, v, **args)).abs().max() < 1e-5
+
+
+def test_flex_under_torch_compile_records_the_flex_op_and_matches_the_reference():
+    """fullgraph compile of attention(backend="flex") on this CPU (aot_eager: the recorded graph, run without
+    code generation): flex_attention is in the graph, and the output equals the reference."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    torch.manual_seed(2)
+    q, k, v = torch.randn(2, 40, 4, 16), torch.randn(2, 56, 2, 16), torch.randn(2, 56, 2, 16)
+    slopes = torch.rand(4)
+    graphs = []
+
+    def keep(gm, inputs):  # the graph AOTAutograd recorded, run as it is
+        graphs.append(gm)
+        return gm.forward
+
+    @torch.compile(fullgraph=True, backend=aot_autograd(fw_compiler=keep))
+    def f(q, k, v):
+        return attention(q, k, v, causal=True, alibi_slopes=slopes, backend="flex")
+
+    out = f(q, k, v)
+    assert len(graphs) == 1
+    assert any("flex_attention" in str(n.target) for n in graphs[0].graph.nodes), graphs[0].graph
+    assert (out - reference_attention(q, k, v, causal=True, alibi_slopes=slopes)).abs().max() < 1e-5
 
 
 # -- the dense-bias cache -----------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnkit.runtime.backends import cudnn_ragged as cr
-from attnkit.runtime.bench import warm_gpu
+from attnkit.bench.timer import warm_gpu
 
 B, S, H, D = 16, 4096, 16, 128
 DEV = torch.device("cuda:0")
@@ -123,7 +123,7 @@ def sdpa_padded() -> dict[str, float]:
 
 
 def main() -> None:
-    gen = torch.Generator().manual_seed(0)  # the bench's lengths (attnkit.runtime.bench.varlen_vs_padded)
+    gen = torch.Generator().manual_seed(0)  # the bench's lengths (the bench of 2026-11-30)
     lengths = torch.randint(1, S + 1, (B,), generator=gen)
     lengths[0] = S
     lens = lengths.tolist()

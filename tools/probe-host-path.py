@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import attnkit
 from attnkit.runtime.attention import _FAST
-from attnkit.runtime.bench import environment
+from attnkit.bench.run import environment
 
 dev = "cuda"
 shapes = {"B4 S256 D64 causal bf16": (4, 256, 16, 64), "B1 S128 D64 causal fp16": (1, 128, 8, 64)}

@@ -1,6 +1,6 @@
 """Is attnkit's pick slower than SDPA's default at S16384 D128 causal (the bench's lowest selected/SDPA-default
 ratio), or is it noise? Times attnkit, SDPA's default and attnkit with backend="sdpa_cudnn" forced, fwd+bwd,
-interleaved (attnkit.runtime.bench.interleaved), 4 rounds of 40, then lists the CUDA kernels each one runs.
+interleaved (attnkit.bench.timer.interleaved), 4 rounds of 40, then lists the CUDA kernels each one runs.
 
 Run on the GPU machine:  python3 tools/probe-same-kernel.py OUT.json
 Result on the H200 (docs/results/2026-11-30-h200-s16384-same-kernel.json): the same four cuDNN kernels for
@@ -18,7 +18,15 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from attnkit.runtime.attention import attention
-from attnkit.runtime.bench import _sdpa_default, interleaved, warm_gpu
+import torch.nn.functional as F
+
+from attnkit.bench.timer import interleaved, warm_gpu
+
+
+def _sdpa_default(q: Any, k: Any, v: Any, causal: bool) -> Any:
+    """The plain SDPA call, torch's own kernel choice, in attnkit's (B, S, H, D) layout."""
+    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                          is_causal=causal).transpose(1, 2)
 
 
 def main() -> None:

@@ -103,7 +103,15 @@ def _cmd_doctor(a: argparse.Namespace) -> int:
 
 
 def _cmd_bench(a: argparse.Namespace) -> int:
-    from attnkit.runtime.bench import run_bench
+    if a.integrations:  # the HF training step, kernels in a compiled graph, CUDA-graph decode: its own options
+        from attnkit.bench.integrations import main as integrations
+
+        if not a.out:
+            raise UsageError("--out: required with --integrations (the JSON report)")
+        extra = [f"--{k}={getattr(a, k)}" for k in ("layers", "tokens", "batch", "iters", "replays")
+                 if getattr(a, k) is not None]
+        return integrations(["--out", a.out, *extra, *(f"--only={o}" for o in a.only or ())])
+    from attnkit.bench.run import run_bench
 
     return run_bench(out=a.out, quick=a.quick, png=a.png, only=a.shape)
 
@@ -127,7 +135,7 @@ def _cmd_oracle(a: argparse.Namespace) -> int:
 
 
 def _cmd_tune(a: argparse.Namespace) -> int:
-    from attnkit.runtime import tune
+    from attnkit.bench import tune
 
     if a.merge:
         if not a.table:
@@ -529,6 +537,13 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--quick", action="store_true", help="a small suite (CPU sanity runs)")
     be.add_argument("--no-png", dest="png", action="store_false", help="write no PNG chart beside the report")
     be.add_argument("--shape", action="append", help="only this shape of the suite (by label; repeatable)")
+    be.add_argument("--integrations", action="store_true", help="instead: an HF training step, the kernels in a "
+                    "compiled graph, CUDA-graph decode (GPU), with the options below")
+    for opt, what in (("layers", "model layers (8)"), ("tokens", "sequence length (2048)"), ("batch", "batch (4)"),
+                      ("iters", "timed steps (10)"), ("replays", "CUDA-graph replays (1000)")):
+        be.add_argument(f"--{opt}", type=_positive_int, help=f"--integrations: {what}")
+    be.add_argument("--only", action="append", choices=("cuda_graph_decode", "kernels_in_graph", "train_step"),
+                    help="--integrations: only these parts (repeatable)")
     be.set_defaults(func=_cmd_bench)
 
     sm = sub.add_parser("smoke", help="check every backend's numerics, forward and backward, on this machine")

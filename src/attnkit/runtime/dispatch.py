@@ -18,7 +18,7 @@ from typing import Any
 
 from attnkit.runtime.backends import Backend
 from attnkit.runtime.call import AttentionCall, Inputs
-from attnkit.runtime.select import SELECTOR, time_backend
+from attnkit.runtime.select import SELECTOR
 
 CACHE_MAX = 4096  # bound signatures kept per kind (dense, varlen); past it the table starts again
 
@@ -116,7 +116,9 @@ def bind_inputs(inp: Inputs, backend: str | None) -> Bound:
     def timer(b: Backend) -> float:  # autotune: time a candidate on detached copies, compile excluded
         with torch.no_grad():
             runner = b.bind(call, params, q.detach(), k.detach(), v.detach())
-            return time_backend(lambda: runner(q.detach(), k.detach(), v.detach()), call.device)
+            from attnkit.bench.timer import median_seconds
+
+            return median_seconds(lambda: runner(q.detach(), k.detach(), v.detach()), call.device)
 
     b = SELECTOR.select(call, probe(), backend, timer=timer)
     held = tuple(weakref.ref(t) for t in identity_tensors(inp.cu_seqlens_q, inp.cu_seqlens_k, inp.alibi_slopes,

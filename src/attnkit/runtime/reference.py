@@ -23,32 +23,46 @@ def _row_range(i: int, lq: int, lk: int, causal: bool, window: tuple[int, int] |
 
 
 def _one(q: Any, k: Any, v: Any, scale: float, causal: bool, window: tuple[int, int] | None,
-         slopes: Any, bias: Any, softcap: float = 0.0) -> Any:
-    """q (sq, H, D), k/v (sk, Hkv, D) -> (sq, H, Dv); float64."""
+         slopes: Any, bias: Any, softcap: float = 0.0, rows: list[int] | None = None,
+         heads: list[int] | None = None) -> Any:
+    """q (sq, H, D), k/v (sk, Hkv, D) -> (sq, H, Dv); float64. `rows` / `heads`: compute only those query rows
+    and heads (the others stay zero), for a check on samples of a large call."""
     import torch
 
     sq, h, _ = q.shape
     sk, hkv, dv = k.shape[0], k.shape[1], v.shape[2]
     g = h // hkv
     out = torch.zeros(sq, h, dv, dtype=torch.float64, device=q.device)
-    for head in range(h):
-        kh, vh = k[:, head // g], v[:, head // g]
-        scores = (q[:, head] @ kh.T) * scale  # (sq, sk)
+    wanted = list(range(sq)) if rows is None else rows
+    for head in (range(h) if heads is None else heads):
+        kh, vh = k[:, head // g].double(), v[:, head // g].double()
+        scores = (q[wanted, head].double() @ kh.T) * scale  # (rows, sk)
         if softcap:
             scores = softcap * torch.tanh(scores / softcap)
         if bias is not None:
-            scores = scores + bias[head]
-        for i in range(sq):
+            scores = scores + bias[head][wanted]
+        for r, i in enumerate(wanted):
             lo, hi = _row_range(i, sq, sk, causal, window)
             if hi <= lo:
                 continue  # sees no key: zeros
-            s = scores[i, lo:hi]
+            s = scores[r, lo:hi]
             if slopes is not None:
                 diag = i + sk - sq
                 s = s - slopes[head] * torch.abs(torch.arange(lo, hi, device=q.device) - diag).double()
             p = torch.softmax(s, dim=0)
             out[i, head] = p @ vh[lo:hi]
     return out
+
+
+def reference_rows(q: Any, k: Any, v: Any, rows: list[int], heads: list[int], *, causal: bool = False,
+                   softmax_scale: float | None = None, window: tuple[int, int] | None = None, alibi_slopes: Any = None,
+                   softcap: float = 0.0) -> Any:
+    """One sequence's output on sampled query rows and heads, float64: q (sq, H, D), k/v (sk, Hkv, D) ->
+    (len(rows), len(heads), Dv). The same definition as reference_attention, at a cost a GPU bench can pay."""
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    full = _one(q, k, v, scale, causal, None if window == (-1, -1) else window, alibi_slopes, None, softcap,
+                rows=rows, heads=heads)
+    return full[rows][:, heads]
 
 
 def reference_attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float | None = None,

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -202,26 +201,3 @@ def select(call: AttentionCall, probe: Probe | None = None, backend: str | None 
     from attnkit.runtime.probe import probe as _probe
 
     return SELECTOR.select(call, probe or _probe(), backend)
-
-
-def time_backend(run: Callable[[], Any], device: str, warmup: int = 2, iters: int = 5) -> float:
-    """Median seconds of `run()`; CUDA events on GPU, wall clock otherwise."""
-    import torch
-
-    for _ in range(warmup):
-        run()
-    samples = []
-    for _ in range(iters):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            run()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            run()
-            samples.append(time.perf_counter() - t0)
-    samples.sort()
-    return samples[len(samples) // 2]

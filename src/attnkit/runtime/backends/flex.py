@@ -17,6 +17,7 @@ inductor's own disk cache keeps the kernels across processes. The compiled funct
 length into one dynamic graph rather than a compile per length. The block mask (which key blocks a query block
 visits) depends on the lengths only, so it is built at bind time, once per signature (per cu_seqlens for varlen).
 On CPU the call runs flex's unfused reference path (the same semantics, not fast): only when asked for by name.
+Under torch.compile / torch.export, flex_attention is recorded as the higher-order op it is, with its backward.
 """
 
 from __future__ import annotations
@@ -34,13 +35,15 @@ from attnkit.runtime.call import AttentionCall, Params
 MIN_TORCH = Version("2.5")  # torch.nn.attention.flex_attention appeared in 2.5
 MIN_TORCH_FLASH = Version("2.11")  # kernel_options BACKEND="FLASH" (flex on FlashAttention-4's CuTe kernels)
 
+# traces: flex_attention is torch's own higher-order op, which torch.compile / torch.export record as it is
 _TRITON = Limits(devices=frozenset({"cuda", "cpu"}), min_capability=(8, 0),
                  dtypes=frozenset({"float16", "bfloat16", "float32"}), max_head_dim=256, head_dim_multiple=8,
-                 head_dim_v_differs=True, gqa="native", varlen="native", window=True, alibi=True, softcap=True)
+                 head_dim_v_differs=True, gqa="native", varlen="native", window=True, alibi=True, softcap=True,
+                 traces=frozenset({"compile"}))
 # FA4 behind flex: FA4's own dtypes and head dims (runtime/backends/flash_attn4.py), on the two architectures
 # torch's flex FLASH path targets
 _FLASH = Limits(dtypes=frozenset({"float16", "bfloat16"}), max_head_dim=256, head_dim_multiple=8, gqa="native",
-                varlen="native", window=True, alibi=True, softcap=True)
+                varlen="native", window=True, alibi=True, softcap=True, traces=frozenset({"compile"}))
 
 
 @functools.cache
@@ -153,7 +156,9 @@ class Flex(Backend):
         if mask_mod is not None:
             batch = None if call.varlen else call.batch
             block_mask = create_block_mask(mask_mod, batch, None, q_len, kv_len, device=device)
-        fn = _compiled() if call.device == "cuda" else flex
+        # eager CUDA: torch's compiled flex; in a graph: the op itself (the graph's compiler lowers it); CPU eager:
+        # flex's reference path
+        fn = _compiled() if call.device == "cuda" and not call.trace else flex
         kw: dict[str, Any] = {"score_mod": score_mod, "block_mask": block_mask, "scale": p.scale,
                               "enable_gqa": call.gqa}
         if self.kernel_options:
@@ -166,7 +171,7 @@ class Flex(Backend):
             out = fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kw).transpose(1, 2)
             return out[0] if varlen else out
 
-        if call.device == "cuda":
+        if call.device == "cuda" or call.trace:
             return run
 
         def run_cpu(q: Any, k: Any, v: Any) -> Any:  # flex's unfused path warns that it is not compiled: known

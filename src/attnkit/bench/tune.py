@@ -6,7 +6,7 @@
   measured in every feature class somewhere. Cases are ordered so that any prefix is itself balanced (a run cut
   short by the budget has measured a fraction of every class, not all of a few). `--refine REPORT...` adds the
   midpoints between two measured points of one cell whose winners differ: a coarse grid refined where it matters.
-- RUN: each case is `bench.bench_shape` (the one timer and numerics check of the bench): every backend forced,
+- RUN: each case is `bench.run.bench_shape` (the one timer and numerics check of the bench): every backend forced,
   in both timing modes, forward and fwd+bwd, each output checked against a float32 reference. Shards
   (`--shard I/N`) split the plan; results are appended to a JSON-lines file as each case ends, so a run stopped
   by its budget or a time limit resumes where it was (`--resume`).
@@ -29,8 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from attnkit._io import write_atomic
+from attnkit.bench.candidates import AUTO, PLAIN
+from attnkit.bench.run import bench_shape, environment
+from attnkit.bench.shapes import Shape
 from attnkit.errors import UsageError
-from attnkit.runtime.bench import AUTO, PLAIN, Shape, bench_shape, environment
 from attnkit.runtime.table import SCHEMA
 
 HEAD_DIMS = (32, 40, 64, 80, 96, 128, 192, 256)
@@ -223,7 +225,7 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
 def run(out: Path, shard: tuple[int, int] = (1, 1), budget_s: float = 1500.0, quick: bool = False,
         refine_from: list[Path] | None = None, max_cases: int | None = None, say: Any = print) -> dict[str, Any]:
     """Measure this shard's cases not yet in `out` (JSON lines: a header line, then one line per case)."""
-    from attnkit.runtime.bench import warm_gpu
+    from attnkit.bench.timer import warm_gpu
     from attnkit.runtime.probe import probe
 
     p = probe()
@@ -257,7 +259,7 @@ def run(out: Path, shard: tuple[int, int] = (1, 1), budget_s: float = 1500.0, qu
             say(f"tune: budget of {budget_s:.0f} s reached; {len(todo) - ran} cases left (run again with --resume)")
             break
         c0 = time.perf_counter()
-        r = bench_shape(s, device, iters=3 if grid is QUICK else 8, rounds=2 if grid is QUICK else 3)
+        r = bench_shape(s, device, iters=3 if grid is QUICK else 8, rounds=2 if grid is QUICK else 3, backends_only=True)
         r["seconds"] = round(time.perf_counter() - c0, 2)
         with out.open("a", encoding="utf-8") as f:  # one line per case: a kill loses at most the case running
             f.write(json.dumps(r, default=str) + "\n")

@@ -1,0 +1,257 @@
+"""The calls raced on one shape, each built once outside the timing: the plain SDPA call a user writes, each
+library's own function as its documentation shows, attention() forced to each backend, attention() choosing."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections.abc import Callable
+from typing import Any
+
+from attnkit.bench.shapes import Shape
+
+PLAIN = "sdpa_plain"
+AUTO = "attnkit"
+LIBRARIES = ("flash_attn4", "flash_attn2", "xformers", "flex")  # library functions called directly, when installed
+MATH_MAX_SCORES = 1 << 26  # sdpa_math materialises B*H*Sq*Sk scores: bench it only where that is small
+
+
+class Case:
+    """One shape's tensors and every candidate's call, built once outside the timing."""
+
+    def __init__(self, s: Shape, device: str) -> None:
+        import torch
+
+        from attnkit.runtime.call import Inputs
+
+        self.s, self.device = s, device
+        dt = getattr(torch, s.dtype)
+        gen = torch.Generator(device=device).manual_seed(0)
+
+        def r(*shape: int) -> Any:
+            return torch.randn(*shape, generator=gen, device=device, dtype=dt)
+
+        kw: dict[str, Any] = {"causal": s.causal, "window": s.window}
+        self.slopes = None
+        if s.alibi:
+            self.slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / s.heads) for h in range(s.heads)], device=device)
+            kw["alibi_slopes"] = self.slopes
+        if s.softcap:
+            kw["softcap"] = s.softcap
+        if s.lengths is not None:
+            total = sum(s.lengths)
+            self.q, self.k, self.v = r(total, s.heads, s.head_dim), r(total, s.kv_heads, s.head_dim), \
+                r(total, s.kv_heads, s.head_dim)
+            self.cu = torch.tensor([0, *itertools.accumulate(s.lengths)], dtype=torch.int32, device=device)
+            kw.update(cu_seqlens_q=self.cu, cu_seqlens_k=self.cu, max_seqlen_q=max(s.lengths),
+                      max_seqlen_k=max(s.lengths))
+        else:
+            self.q = r(s.batch, s.seqlen_q, s.heads, s.head_dim)
+            self.k = r(s.batch, s.seqlen_k, s.kv_heads, s.head_dim)
+            self.v = r(s.batch, s.seqlen_k, s.kv_heads, s.head_dim)
+            self.cu = None
+        self.kw = kw
+        self.inputs = Inputs(self.q, self.k, self.v, **kw)
+        self.grad_out = torch.randn((*self.q.shape[:-1], s.head_dim), generator=gen, device=device, dtype=dt)
+        self._plain: Callable[[Any, Any, Any], Any] = self._make_plain()
+
+    def call(self, grad: bool) -> Any:
+        import torch
+
+        with torch.set_grad_enabled(grad):
+            for t in (self.q, self.k, self.v, *getattr(self, "padded", ())):
+                t.requires_grad_(grad)
+            return self.inputs.describe()
+
+    def _make_plain(self) -> Callable[[Any, Any, Any], Any]:
+        """The plain SDPA call a user writes for this shape (mask or padding built once, here)."""
+        import torch
+        import torch.nn.functional as F
+
+        from attnkit.runtime import layout
+
+        s = self.s
+        kw: dict[str, Any] = {"enable_gqa": s.heads != s.kv_heads} if s.heads != s.kv_heads else {}
+        if s.lengths is not None:  # the padded batch with a key-padding (and causal) mask, built once
+            n, m = len(s.lengths), max(s.lengths)
+            lengths = torch.tensor(s.lengths, device=self.device)
+            idx = layout.varlen_indices(self.cu, m)
+            self.padded = [layout.unpack(t, idx, n, m).detach() for t in (self.q, self.k, self.v)]
+            mask = layout.allowed_mask(m, m, causal=s.causal, window=s.window, device=self.device,
+                                       lengths_q=lengths, lengths_k=lengths)
+            kw["attn_mask"] = layout.safe_rows(mask)[0]
+            self.padded_grad = layout.unpack(self.grad_out, idx, n, m)
+        elif s.window is not None:
+            kw["attn_mask"] = layout.allowed_mask(s.seqlen_q, s.seqlen_k, causal=s.causal, window=s.window,
+                                                  device=self.device)
+        elif s.causal and s.seqlen_q == s.seqlen_k:
+            kw["is_causal"] = True
+        elif s.causal and s.seqlen_q > 1:
+            from torch.nn.attention.bias import causal_lower_right
+
+            kw["attn_mask"] = causal_lower_right(s.seqlen_q, s.seqlen_k)
+        if s.alibi or s.softcap:  # a bias (ALiBi, and the mask) built once, in q's dtype, as a user writes it
+            bias = _plain_bias(s, self.slopes, kw.pop("attn_mask", None), kw.pop("is_causal", False), self.device,
+                               self.q.dtype)
+            if bias is not None:
+                kw["attn_mask"] = bias
+        sdpa = F.scaled_dot_product_attention
+        if s.softcap:  # SDPA has no softcap: the math written out
+            sdpa = functools.partial(layout.eager_sdpa, softcap=s.softcap)
+        return lambda q, k, v: sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kw).transpose(1, 2)
+
+    def candidates(self, grad: bool, backends_only: bool = False) -> tuple[dict[str, Callable[[], Any]], dict[str, str]]:
+        """name -> a no-argument call (its output, for the check); and name -> why a candidate is absent.
+        `backends_only`: attention() forced to each backend, nothing else (what a selection table ranks)."""
+        from attnkit.runtime.attention import attention
+        from attnkit.runtime.backends import REGISTRY
+        from attnkit.runtime.probe import probe
+
+        call = self.call(grad)
+        p = probe()
+        q, k, v, kw = self.q, self.k, self.v, self.kw
+        runs: dict[str, Callable[[], Any]] = {}
+        absent: dict[str, str] = {}
+        if backends_only:
+            pass
+        elif self.s.lengths is not None:
+            pq, pk, pv = self.padded
+            runs[PLAIN] = lambda: self._plain(pq, pk, pv)
+        else:
+            runs[PLAIN] = lambda: self._plain(q, k, v)
+        for lib in () if backends_only else LIBRARIES:
+            why = REGISTRY[lib].check(call, p)
+            direct = None if why else _library_call(lib, self)
+            if direct is None:
+                absent[lib] = "; ".join(why) or "no direct call for this shape"
+            else:
+                runs[lib] = direct
+        scores = call.batch * call.heads * call.seqlen_q * call.seqlen_k
+        for name, b in REGISTRY.items():
+            why = b.check(call, p)
+            if name == "sdpa_math" and scores > MATH_MAX_SCORES:
+                why = [*why, "reference kernel: materialises the score matrix, too large to bench here"]
+            if why:
+                absent[f"attnkit:{name}"] = "; ".join(why)
+            else:
+                def forced(name: str = name) -> Any:
+                    return attention(q, k, v, backend=name, **kw)
+                runs[f"attnkit:{name}"] = forced
+        if not backends_only:
+            runs[AUTO] = lambda: attention(q, k, v, **kw)
+        return runs, absent
+
+    def step(self, fn: Callable[[], Any], name: str) -> Callable[[], Any]:
+        """Forward + backward with this case's output gradient."""
+        g = self.padded_grad if (name == PLAIN and self.s.lengths is not None) else self.grad_out
+        tensors = self.padded if (name == PLAIN and self.s.lengths is not None) else (self.q, self.k, self.v)
+
+        def run() -> Any:
+            for t in tensors:
+                t.grad = None
+            out = fn()
+            out.backward(g)
+            return out
+        return run
+
+
+def _plain_bias(s: Shape, slopes: Any, mask: Any, causal: bool, device: str, dtype: Any) -> Any:
+    """The additive bias a user builds once for SDPA: -slope * |j - i - (Sk - Sq)|, -inf where the mask (or
+    bottom-right causal) rules a key out; None when there is nothing to add."""
+    import torch
+
+    from attnkit.runtime import layout
+
+    if mask is not None and not isinstance(mask, torch.Tensor):  # a causal_lower_right object: its dense form
+        mask = layout.allowed_mask(s.seqlen_q, s.seqlen_k, causal=True, window=None, device=device)
+    if mask is None and causal:
+        mask = layout.allowed_mask(s.seqlen_q, s.seqlen_k, causal=True, window=None, device=device)
+    if slopes is None:
+        return mask
+    if s.lengths is not None:  # padded varlen: per-sequence diagonals are all at i (self-attention)
+        sq = sk = max(s.lengths)
+    else:
+        sq, sk = s.seqlen_q, s.seqlen_k
+    i = torch.arange(sq, device=device)[:, None]
+    j = torch.arange(sk, device=device)[None, :]
+    bias = -slopes[:, None, None] * (j - i - (sk - sq)).abs()[None].float()
+    if mask is not None:
+        bias = bias.masked_fill(~mask, float("-inf"))
+    return bias.to(dtype)
+
+
+def _library_call(lib: str, c: Case) -> Callable[[], Any] | None:
+    """The library's own function, called as its documentation shows; None where it has no direct form."""
+    s, q, k, v = c.s, c.q, c.k, c.v
+    scale = 1.0 / math.sqrt(s.head_dim)
+    if lib == "flash_attn4":
+        from attnkit.runtime.loaders import load_fa4 as load
+
+        fa = load()
+        kw: dict[str, Any] = {"causal": s.causal}
+        if s.window is not None:
+            kw["window_size"] = tuple(None if w < 0 else w for w in s.window)
+        if s.softcap:
+            kw["softcap"] = s.softcap
+        if s.lengths is not None:
+            m = max(s.lengths)
+            return lambda: _tensor_of(fa.flash_attn_varlen_func(q, k, v, cu_seqlens_q=c.cu, cu_seqlens_k=c.cu,
+                                                            max_seqlen_q=m, max_seqlen_k=m, **kw))
+        return lambda: _tensor_of(fa.flash_attn_func(q, k, v, **kw))
+    if lib == "flex":  # torch's FlexAttention as its documentation shows: compiled once, a block mask built once
+        if s.lengths is not None:
+            return None
+        import torch
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        off, win, slopes = s.seqlen_k - s.seqlen_q, s.window, c.slopes
+
+        def mask_mod(b: Any, h: Any, i: Any, j: Any) -> Any:
+            ok = j <= i + off if s.causal else j >= 0
+            if win is not None and win[0] >= 0:
+                ok = ok & (j >= i + off - win[0])
+            if win is not None and win[1] >= 0:
+                ok = ok & (j <= i + off + win[1])
+            return ok
+
+        def score_mod(score: Any, b: Any, h: Any, i: Any, j: Any) -> Any:
+            if s.softcap:
+                score = s.softcap * torch.tanh(score / s.softcap)
+            if slopes is not None:
+                score = score - slopes[h] * (j - i - off).abs()
+            return score
+        masked = s.causal or win is not None
+        block = create_block_mask(mask_mod, None, None, s.seqlen_q, s.seqlen_k, device=c.device) if masked else None
+        fn = torch.compile(flex_attention) if c.device == "cuda" else flex_attention
+        mod = score_mod if (s.softcap or slopes is not None) else None
+        gqa = s.heads != s.kv_heads
+        return lambda: fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), score_mod=mod, block_mask=block,
+                          enable_gqa=gqa).transpose(1, 2)
+    if lib == "flash_attn2":
+        import flash_attn
+
+        kw = {"causal": s.causal, "window_size": s.window or (-1, -1), "softmax_scale": scale,
+              "softcap": s.softcap, "alibi_slopes": c.slopes}
+        if s.lengths is not None:
+            m = max(s.lengths)
+            return lambda: flash_attn.flash_attn_varlen_func(q, k, v, c.cu, c.cu, m, m, **kw)
+        return lambda: flash_attn.flash_attn_func(q, k, v, **kw)
+    if lib == "xformers":
+        if s.window is not None or s.heads != s.kv_heads or s.alibi or s.softcap:
+            return None  # no bias class for our windows, ALiBi or softcap; GQA needs its 5-D form
+        from attnkit.runtime.loaders import load_fmha
+
+        fmha = load_fmha()
+        if s.lengths is not None:
+            bd = fmha.attn_bias.BlockDiagonalMask.from_seqlens(list(s.lengths))
+            bias = bd.make_causal_from_bottomright() if s.causal else bd
+            return lambda: fmha.memory_efficient_attention(q[None], k[None], v[None], attn_bias=bias)[0]
+        bias = fmha.attn_bias.LowerTriangularFromBottomRightMask() if s.causal else None
+        return lambda: fmha.memory_efficient_attention(q, k, v, attn_bias=bias)
+    return None
+
+
+def _tensor_of(out: Any) -> Any:
+    """The output tensor of a call that returns (out, lse) in some releases."""
+    return out[0] if type(out) is tuple else out

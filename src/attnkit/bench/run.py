@@ -1,0 +1,273 @@
+"""`attnkit bench`: one shape's race (both timing modes, forward and fwd+bwd, numerics checked), the suite,
+the ratios against the oracle and the plain call, the dispatch overhead, and the report."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from attnkit._io import write_atomic
+from attnkit.bench.candidates import AUTO, PLAIN, Case
+from attnkit.bench.numerics import BENCH_TOL, max_error
+from attnkit.bench.shapes import Shape, attn_flops, suite
+from attnkit.bench.timer import interleaved, sync, warm, warm_gpu
+from attnkit.runtime import table
+
+TARGET_ORACLE = 0.97
+TARGET_PLAIN = 0.98
+
+
+def bench_shape(s: Shape, device: str, iters: int = 15, rounds: int = 5, backends_only: bool = False) -> dict[str, Any]:
+    """One shape raced in both timing modes, forward and (train) fwd+bwd, every output checked. `backends_only`:
+    only attention() forced to each backend (the tune sweep: a table ranks backends, nothing else)."""
+    import torch
+
+    from attnkit.runtime.priority import order_for
+    from attnkit.runtime.probe import probe
+    from attnkit.runtime.select import select
+
+    c = Case(s, device)
+    p = probe()
+    out: dict[str, Any] = {"label": s.label, "shape": asdict(s), "ms": {}, "errors": {}, "absent": {},
+                           "max_err": {}, "wrong": {}, "selected_by_pass": {}, "row": {}}
+    passes = ["fwd", "fwdbwd"] if s.train else ["fwd"]
+    for ps in passes:
+        grad = ps == "fwdbwd"
+        call = c.call(grad)
+        if ps == passes[-1]:
+            out["call"] = call.describe()
+        chosen = select(call, p).name
+        row = order_for(call, p.capability(call.device_index) if device == "cuda" else None)[1]
+        out["selected_by_pass"][ps] = chosen
+        out.setdefault("cell", {})[ps] = table.cell_of(call)
+        out["row"][ps] = row.describe()
+        runs, absent = c.candidates(grad, backends_only)
+        out["absent"].update(absent)
+        if grad:
+            runs = {n: c.step(fn, n) for n, fn in runs.items()}
+        with torch.set_grad_enabled(grad):
+            first, errors = warm(runs, device)
+            for n, err in errors.items():
+                out["errors"][f"{n} {ps}"] = err
+                runs.pop(n)
+            if not grad:  # numerics: forward outputs against the reference
+                tol = BENCH_TOL.get(s.dtype, 1e-3)
+                for n, o in first.items():
+                    e = max_error(c, o.detach(), n)
+                    out["max_err"][n] = e
+                    if not e <= tol:
+                        out["wrong"][n] = f"forward max error {e:.3g} > {tol}"
+            runs = {n: fn for n, fn in runs.items() if n not in out["wrong"]}
+            t_one = interleaved(runs, device, iters=2)
+            calls = max(3, min(200, int(4e-3 / max(1e-6, min(t_one.values())))))
+            sync = interleaved(runs, device, iters=iters, seed=1)
+            b2b = interleaved(runs, device, iters=rounds, calls=calls, seed=2)
+        for n in runs:
+            out["ms"].setdefault(n, {})[ps] = {"sync": sync[n] * 1e3, "b2b": b2b[n] * 1e3}
+        out.setdefault("b2b_calls", {})[ps] = calls
+    out["selected"] = out["selected_by_pass"][passes[-1]]
+    out["head_dim"] = s.head_dim
+    out["log2_work"] = round(table.log2_work(call), 3)
+    flops = attn_flops(s.batch, s.heads, s.seqlen_q, s.seqlen_k, s.head_dim, s.causal)
+    out["flops_fwd"] = flops
+    out["fa4_or_varlen"] = s.lengths is not None or "flash_attn4" in out["ms"]
+    out["ratios"] = ratios(out["ms"], passes)
+    return out
+
+
+def ratios(ms: dict[str, dict[str, dict[str, float]]], passes: list[str]) -> dict[str, Any]:
+    """Per pass and mode: attnkit's speed relative to the oracle (fastest correct candidate) and to the plain
+    SDPA call (>1 = attnkit faster)."""
+    res: dict[str, Any] = {}
+    for ps in passes:
+        for mode in ("sync", "b2b"):
+            t = {n: v[ps][mode] for n, v in ms.items() if ps in v}
+            if AUTO not in t:
+                continue
+            oracle = min(t, key=lambda n: t[n])
+            r: dict[str, Any] = {"oracle": oracle, "selected_over_oracle": t[oracle] / t[AUTO]}
+            if PLAIN in t:
+                r["selected_over_sdpa_plain"] = t[PLAIN] / t[AUTO]
+            res.setdefault(ps, {})[mode] = r
+    return res
+
+
+# -- dispatch overhead -------------------------------------------------------------------------------------------
+
+def dispatch_overhead(device: str, n: int = 2000) -> dict[str, Any]:
+    """Host microseconds attention() adds per call over the plain SDPA call a user writes, on a tiny shape
+    (so no kernel hides host time): blocks of back-to-back calls, alternated, median difference."""
+    import torch
+    import torch.nn.functional as F
+
+    from attnkit.runtime import dispatch
+    from attnkit.runtime.attention import attention
+
+    dt = torch.bfloat16 if device == "cuda" else torch.float32
+    q = torch.randn(1, 16, 2, 64, device=device, dtype=dt)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+
+    def loop(fn: Callable[[], Any], calls: int) -> float:
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync(device)
+        return (time.perf_counter() - t0) / calls * 1e6
+
+    def plain() -> Any:
+        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                              is_causal=True).transpose(1, 2)
+
+    def via() -> Any:
+        return attention(q, k, v, causal=True)
+
+    with torch.no_grad():
+        bound = dispatch.bind(q, k, v, causal=True)
+
+        def via_bound() -> Any:  # attnkit.bind(): the call fixed once, no key built per call
+            return bound(q, k, v)
+
+        via()
+        backend = next(b.backend.name for b in dispatch.bound_calls() if b.call.batch == q.shape[0]
+                       and b.call.seqlen_q == q.shape[1] and b.call.heads == q.shape[2])
+        loop(plain, 200)
+        loop(via, 200)
+        rounds = []
+        block = max(50, n // 10)
+        for i in range(21):  # short alternating blocks, order flipped each round; median difference
+            if i % 2 == 0:
+                a, b = loop(plain, block), loop(via, block)
+            else:
+                b, a = loop(via, block), loop(plain, block)
+            rounds.append((b - a, a, b))
+        bound_rounds = []
+        for i in range(21):  # the same for the bound runner
+            if i % 2 == 0:
+                a, b = loop(plain, block), loop(via_bound, block)
+            else:
+                b, a = loop(via_bound, block), loop(plain, block)
+            bound_rounds.append(b - a)
+        # attention() alone: its cached runner swapped for a no-op (host cost of the lookup only)
+        with dispatch.runners_replaced(lambda q, k, v: None):
+            wrapper_us = min(loop(via, n) for _ in range(5))
+    rounds.sort()
+    mid = rounds[len(rounds) // 2]
+    bound_rounds.sort()
+    return {"backend": backend, "overhead_us": mid[0], "plain_us": mid[1], "attention_us": mid[2],
+            "bound_overhead_us": bound_rounds[len(bound_rounds) // 2], "bound_backend": bound.backend.name,
+            "wrapper_only_us": wrapper_us, "calls_per_block": block, "rounds": len(rounds)}
+
+
+# -- the run ------------------------------------------------------------------------------------------------------
+
+
+def environment() -> dict[str, Any]:
+    from attnkit.runtime.probe import probe
+
+    p = probe()
+    return {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "probe": p.to_dict()}
+
+
+def summarize(shapes: list[dict[str, Any]]) -> dict[str, Any]:
+    """Minimums, the geometric mean over FA4/varlen shapes, and every shape below a target with its numbers."""
+    summary: dict[str, Any] = {"targets": {"selected_over_oracle": TARGET_ORACLE,
+                                           "selected_over_sdpa_plain": TARGET_PLAIN}}
+    below: list[dict[str, Any]] = []
+    for ps in ("fwd", "fwdbwd"):
+        for mode in ("sync", "b2b"):
+            rows = [(sh["label"], sh["ratios"][ps][mode]) for sh in shapes if ps in sh["ratios"]
+                    and mode in sh["ratios"][ps]]
+            if not rows:
+                continue
+            key = f"{ps}_{mode}"
+            oracle = [r["selected_over_oracle"] for _, r in rows]
+            plain = [r["selected_over_sdpa_plain"] for _, r in rows if "selected_over_sdpa_plain" in r]
+            fa4 = [sh["ratios"][ps][mode]["selected_over_sdpa_plain"] for sh in shapes
+                   if sh["fa4_or_varlen"] and ps in sh["ratios"] and "selected_over_sdpa_plain" in sh["ratios"][ps].get(mode, {})]
+            summary[key] = {"min_selected_over_oracle": min(oracle),
+                            "min_selected_over_sdpa_plain": min(plain) if plain else None,
+                            "geomean_selected_over_sdpa_plain_fa4_or_varlen":
+                                math.exp(statistics.fmean(math.log(x) for x in fa4)) if fa4 else None,
+                            "shapes": len(rows)}
+            for label, r in rows:
+                if r["selected_over_oracle"] < TARGET_ORACLE or r.get("selected_over_sdpa_plain", 9) < TARGET_PLAIN:
+                    below.append({"shape": label, "pass": ps, "mode": mode, **r})
+    summary["below_target"] = below
+    return summary
+
+
+def run_bench(out: str | None = None, quick: bool = False, png: bool = True, only: list[str] | None = None) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from attnkit.errors import AttnkitError, UsageError
+    from attnkit.runtime.probe import probe
+
+    p = probe()
+    if p.torch is None:
+        raise AttnkitError("bench: torch is not installed; install the torch of your matrix cell first")
+    device = "cuda" if p.has_gpu and p.torch.cuda_available else "cpu"
+    quick = quick or device == "cpu"
+    shapes_to_run = suite(quick)
+    if only:
+        known = {s.label for s in shapes_to_run}
+        for label in only:
+            if label not in known:
+                raise UsageError(f"--shape: unknown shape {label!r}; known: {', '.join(sorted(known))}")
+        shapes_to_run = [s for s in shapes_to_run if s.label in only]
+    con = Console(width=200)
+    if device == "cuda":
+        warm_gpu()
+    # host-side overhead first, before the big shapes leave the process with a large heap; 3 repeats (the
+    # median one is reported) because the host's state moves a 50 us call by tens of percent
+    repeats = sorted((dispatch_overhead(device, n=200 if quick else 2000) for _ in range(3)),
+                     key=lambda r: r["overhead_us"])
+    dispatch = {**repeats[1], "repeats_us": [round(r["overhead_us"], 3) for r in repeats]}
+    results: list[dict[str, Any]] = []
+    report: dict[str, Any] = {"environment": environment(), "device": device, "quick": quick, "shapes": results,
+                              "dispatch": dispatch}
+    for s in shapes_to_run:
+        t0 = time.perf_counter()
+        results.append(bench_shape(s, device, iters=5 if quick else 12, rounds=3 if quick else 4))
+        con.print(f"bench {s.label}: {time.perf_counter() - t0:.1f} s")
+        if out:  # the report so far: a run cut short by a time limit still leaves every finished shape
+            write_atomic(Path(out), json.dumps({**report, "partial": True}, indent=1, default=str))
+    report["summary"] = {**summarize(results), "dispatch_overhead_us": dispatch["overhead_us"],
+                         "dispatch_wrapper_only_us": dispatch["wrapper_only_us"],
+                         "bound_overhead_us": dispatch["bound_overhead_us"]}
+    t = Table(title=f"attnkit bench on {device}: speed vs the plain SDPA call and vs the oracle (>=1: attnkit as fast)")
+    for col in ("shape", "pass", "selected", "row", "oracle sync", "sel/oracle sync", "sel/oracle b2b",
+                "sel/plain sync", "sel/plain b2b"):
+        t.add_column(col)
+    for r in results:
+        for ps, modes in r["ratios"].items():
+            sy, bb = modes.get("sync", {}), modes.get("b2b", {})
+            t.add_row(r["label"], ps, r["selected_by_pass"][ps], r["row"][ps], str(sy.get("oracle")),
+                      *(f"{m.get(k, 0):.3f}" for m, k in ((sy, "selected_over_oracle"), (bb, "selected_over_oracle"),
+                                                            (sy, "selected_over_sdpa_plain"),
+                                                            (bb, "selected_over_sdpa_plain"))))
+    con.print(t)
+    con.print(f"summary: {json.dumps({k: v for k, v in report['summary'].items() if k != 'below_target'})}")
+    for b in report["summary"]["below_target"]:
+        con.print(f"below target: {b}")
+    if out:
+        path = Path(out)
+        write_atomic(path, json.dumps(report, indent=1, default=str))
+        con.print(f"wrote {path}")
+        if png:
+            try:
+                from attnkit.bench.plot import chart
+
+                chart(report, path.with_suffix(".png"))
+                con.print(f"wrote {path.with_suffix('.png')}")
+            except ImportError:
+                con.print("matplotlib not installed: no chart")
+    return 0

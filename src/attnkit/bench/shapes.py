@@ -1,0 +1,92 @@
+"""The call-spec type of the bench and the tune sweep (`Shape`), the GPU suite and the CPU quick suite."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Shape:
+    label: str
+    batch: int
+    heads: int
+    kv_heads: int
+    seqlen_q: int
+    seqlen_k: int
+    head_dim: int
+    dtype: str = "bfloat16"
+    causal: bool = True
+    window: tuple[int, int] | None = None
+    lengths: tuple[int, ...] | None = None  # packed varlen self-attention: the sequences' lengths
+    train: bool = True  # forward+backward timed too
+    alibi: bool = False  # ALiBi with the usual geometric slopes (2^(-8 h / heads))
+    softcap: float = 0.0
+
+
+def _varlen(label: str, lengths: tuple[int, ...], heads: int, kv_heads: int, d: int, **kw: Any) -> Shape:
+    return Shape(label, len(lengths), heads, kv_heads, max(lengths), max(lengths), d, lengths=lengths, **kw)
+
+
+def _lengths(n: int, lo: int, hi: int, seed: int) -> tuple[int, ...]:
+    rng = random.Random(seed)
+    out = [rng.randint(lo, hi) for _ in range(n)]
+    out[0] = hi
+    return tuple(out)
+
+
+def suite(quick: bool) -> list[Shape]:
+    """The GPU suite covers every call class the selection distinguishes; the quick one is a CPU sanity run."""
+    if quick:
+        return [Shape("tiny train fp32", 2, 4, 4, 128, 128, 64, "float32"),
+                Shape("tiny GQA fp32", 2, 8, 2, 128, 128, 64, "float32", causal=False),
+                Shape("tiny decode fp32", 4, 8, 2, 1, 256, 64, "float32", train=False),
+                Shape("tiny prefill fp32", 2, 4, 4, 32, 128, 64, "float32", train=False),
+                Shape("tiny window fp32", 2, 4, 4, 128, 128, 64, "float32", window=(16, 0)),
+                _varlen("tiny varlen fp32", (100, 7, 60, 1), 4, 2, 32, dtype="float32")]
+    return [
+        # training, MHA / GQA, head dims 64-256, fp16 / bf16 / fp32, causal and not
+        Shape("train MHA D128 S4096", 8, 16, 16, 4096, 4096, 128, causal=False),
+        Shape("train MHA D128 S4096 causal", 8, 16, 16, 4096, 4096, 128),
+        Shape("train GQA 32/8 D128 S4096 causal", 8, 32, 8, 4096, 4096, 128),
+        Shape("train GQA 32/8 D128 S8192 causal", 2, 32, 8, 8192, 8192, 128),
+        Shape("train MHA D128 S16384 causal", 1, 32, 32, 16384, 16384, 128),
+        Shape("train fp16 D128 S2048 causal", 8, 16, 16, 2048, 2048, 128, "float16"),
+        Shape("train D64 S1024 causal", 32, 32, 32, 1024, 1024, 64),
+        Shape("train fp16 D64 S2048", 16, 16, 16, 2048, 2048, 64, "float16", causal=False),
+        Shape("train D96 S2048 causal", 8, 16, 16, 2048, 2048, 96),
+        Shape("train D256 S2048 causal", 4, 16, 16, 2048, 2048, 256),
+        Shape("train fp32 D64 S2048 causal", 4, 16, 16, 2048, 2048, 64, "float32"),
+        Shape("train fp32 GQA 16/4 D128 S1024", 4, 16, 4, 1024, 1024, 128, "float32", causal=False),
+        # decode: one query (and speculative decoding's few) against a KV cache
+        Shape("decode GQA 32/8 D128 Sk4096", 64, 32, 8, 1, 4096, 128, train=False),
+        Shape("decode GQA 32/4 D128 Sk32768", 4, 32, 4, 1, 32768, 128, train=False),
+        Shape("decode fp16 MHA D64 Sk1024", 128, 16, 16, 1, 1024, 64, "float16", train=False),
+        Shape("spec-decode Sq4 Sk4096 GQA 32/8", 16, 32, 8, 4, 4096, 128, train=False),
+        # small batch x short sequence: launch and host time decide
+        Shape("small fp16 B1 S128 D64 causal", 1, 8, 8, 128, 128, 64, "float16"),
+        Shape("small B4 S256 D64 causal", 4, 16, 16, 256, 256, 64, train=False),
+        Shape("small fp16 B64 S256 D64", 64, 16, 16, 256, 256, 64, "float16", causal=False, train=False),
+        # chunked prefill: fewer queries than keys, bottom-right causal
+        Shape("prefill Sq512 Sk4096 GQA 32/8 D128", 4, 32, 8, 512, 4096, 128, train=False),
+        Shape("prefill Sq2048 Sk8192 D128", 2, 16, 16, 2048, 8192, 128),
+        # sliding window
+        Shape("window 1024 S4096 D128 causal", 4, 16, 16, 4096, 4096, 128, window=(1024, 0)),
+        Shape("window 4096 GQA 32/8 S16384 causal", 1, 32, 8, 16384, 16384, 128, window=(4096, 0)),
+        Shape("window 256+256 S2048 D64", 8, 16, 16, 2048, 2048, 64, causal=False, window=(256, 256), train=False),
+        # packed varlen with mixed lengths, very short ones included
+        _varlen("varlen GQA 32/8 D128 17-4096 causal", _lengths(16, 17, 4096, 0), 32, 8, 128),
+        _varlen("varlen short 1-64 x256 D64 causal", _lengths(256, 1, 64, 1), 16, 16, 64, train=False),
+        # cross-attention: more queries than keys
+        Shape("cross Sq4096 Sk512 D64", 8, 16, 16, 4096, 512, 64, causal=False),
+        Shape("cross fp16 Sq1024 Sk77 D64", 16, 8, 8, 1024, 77, 64, "float16", causal=False, train=False),
+    ]
+
+
+def attn_flops(batch: int, heads: int, sq: int, sk: int, d: int, causal: bool) -> float:
+    """Forward FLOPs (two matmuls); causal counts only the visible half when sq == sk."""
+    f = 4.0 * batch * heads * sq * sk * d
+    if causal and sq == sk:
+        f /= 2
+    return f
