@@ -306,6 +306,8 @@ def test_tune_on_this_cpu_shards_resumes_merges_and_selection_reads_the_table(tm
     cli = [sys.executable, "-m", "attnkit.cli", "tune", "--quick"]
     s1, s2 = tmp_path / "s1.jsonl", tmp_path / "s2.jsonl"
     run = lambda *a: subprocess.run([*cli, *a], capture_output=True, text=True, timeout=600)  # noqa: E731
+    r = run("--compile-only", "--shard", "1/2", "--max-cases", "1")  # untimed: JIT caches only
+    assert r.returncode == 0 and json.loads(r.stdout.splitlines()[-1]) == {"cases": 1, "candidate_errors": 0}
     r = run("--out", str(s1), "--shard", "1/2", "--max-cases", "2")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.splitlines()[-1])["ran"] == 2

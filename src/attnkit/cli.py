@@ -160,6 +160,9 @@ def _cmd_tune(a: argparse.Namespace) -> int:
             print(s.label)
         print(f"{len(mine)} cases", file=sys.stderr)
         return 0
+    if a.compile_only:
+        print(json.dumps(tune.compile_only(shard=a.shard or (1, 1), quick=a.quick, max_cases=a.max_cases)))
+        return 0
     if not a.out:
         raise UsageError("--out: required (the JSON-lines file this shard's results are appended to)")
     out = Path(a.out)
@@ -572,6 +575,8 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--quick", action="store_true", help="the small grid (a CPU run of the whole pipeline)")
     tu.add_argument("--refine", nargs="+", metavar="FILE", help="measure midpoints where these results' winners change")
     tu.add_argument("--plan", action="store_true", help="print the planned cases (of --shard) and their count")
+    tu.add_argument("--compile-only", action="store_true", help="run each case once, untimed, so JIT kernels are "
+                                                               "compiled into their disk caches (shards side by side)")
     tu.add_argument("--merge", nargs="+", metavar="FILE", help="turn result files into a selection table (--table)")
     tu.add_argument("--table", help="with --merge: the table to write (e.g. src/attnkit/data/selection/sm90.json)")
     tu.add_argument("--arch", help="with --merge: the table's architecture name (default: from the results' GPU)")

@@ -268,6 +268,41 @@ def run(out: Path, shard: tuple[int, int] = (1, 1), budget_s: float = 1500.0, qu
     return {"planned": len(mine), "done_before": len(done), "ran": ran, "left": len(todo) - ran}
 
 
+def compile_only(shard: tuple[int, int] = (1, 1), quick: bool = False, max_cases: int | None = None,
+                 say: Any = print) -> dict[str, Any]:
+    """Run every case of this shard's plan once per backend and pass, untimed: the JIT compiles (FlashAttention-4,
+    flex) land in their disk caches. JIT compiling is CPU work: shards of this run side by side on one GPU machine
+    while the timed run, which must have the GPU alone, comes after and finds every kernel compiled."""
+    import torch
+
+    from attnkit.bench.candidates import Case
+    from attnkit.bench.timer import warm
+    from attnkit.runtime.probe import probe
+
+    p = probe()
+    if p.torch is None:
+        raise UsageError("tune --compile-only: torch is not installed")
+    device = "cuda" if p.has_gpu and p.torch.cuda_available else "cpu"
+    grid = QUICK if (quick or device == "cpu") else FEATURES
+    i, n = shard
+    cases = plan(grid)[i - 1::n][:max_cases]
+    failed = 0
+    for s in cases:
+        c = Case(s, device)
+        for grad in ((False, True) if s.train else (False,)):
+            runs, _ = c.candidates(grad, backends_only=True)
+            if grad:
+                runs = {name: c.step(fn, name) for name, fn in runs.items()}
+            with torch.set_grad_enabled(grad):
+                _, errors = warm(runs, device, times=1)
+            failed += len(errors)
+        say(f"compiled {s.label}")
+        del c
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return {"cases": len(cases), "candidate_errors": failed}
+
+
 def merge(files: list[Path], arch: str | None = None) -> dict[str, Any]:
     """The selection table from shard files (runtime/table.py's format), with provenance."""
     headers, results = [], []
