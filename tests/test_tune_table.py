@@ -308,22 +308,22 @@ def test_tune_on_this_cpu_shards_resumes_merges_and_selection_reads_the_table(tm
     run = lambda *a: subprocess.run([*cli, *a], capture_output=True, text=True, timeout=600)  # noqa: E731
     r = run("--compile-only", "--shard", "1/2", "--max-cases", "1")  # untimed: JIT caches only
     assert r.returncode == 0 and json.loads(r.stdout.splitlines()[-1]) == {"cases": 1, "candidate_errors": 0}
-    r = run("--out", str(s1), "--shard", "1/2", "--max-cases", "2")
+    r = run("--out", str(s1), "--shard", "1/2", "--max-cases", "1")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout.splitlines()[-1])["ran"] == 2
+    assert json.loads(r.stdout.splitlines()[-1])["ran"] == 1
     assert "exists; pass --resume" in run("--out", str(s1), "--shard", "1/2").stderr
-    r = run("--out", str(s1), "--shard", "1/2", "--resume", "--max-cases", "2")
-    assert json.loads(r.stdout.splitlines()[-1])["done_before"] == 2
-    assert run("--out", str(s2), "--shard", "2/2", "--max-cases", "3").returncode == 0
+    r = run("--out", str(s1), "--shard", "1/2", "--resume", "--max-cases", "1")
+    assert json.loads(r.stdout.splitlines()[-1])["done_before"] == 1
+    assert run("--out", str(s2), "--shard", "2/2", "--max-cases", "1").returncode == 0
     lines = [json.loads(x) for x in s1.read_text().splitlines()]
-    assert lines[0]["header"] and len({x["shape"]["label"] for x in lines[1:]}) == 4  # nothing measured twice
+    assert lines[0]["header"] and len({x["shape"]["label"] for x in lines[1:]}) == 2  # nothing measured twice
     out = tmp_path / "sel" / "cpu.json"
     r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", "--merge", str(s1), str(s2), "--table", str(out),
                         "--png"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     t = json.loads(out.read_text())
     table.validate(t, str(out))
-    assert t["arch"] == "cpu" and t["provenance"]["cases"] == 7 and t["provenance"]["torch"] == torch.__version__
+    assert t["arch"] == "cpu" and t["provenance"]["cases"] == 3 and t["provenance"]["torch"] == torch.__version__
     assert t["provenance"]["shards"] == ["1/2", "2/2"]  # a resumed file keeps its one header
     assert out.with_suffix(".png").stat().st_size > 1000
     every = [p for pts in t["cells"].values() for p in pts]
