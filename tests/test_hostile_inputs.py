@@ -271,3 +271,93 @@ def test_fuzz_matrix_mutations(tmp_path: Path, capsys: pytest.CaptureFixture[str
             check(seed, n)
 
     fuzz()
+
+
+# -- a fuzz over command lines ------------------------------------------------------------------------------------
+
+# subcommands whose hostile calls stay on this machine and cheap: no network, no build, nothing written outside
+# the test's folder (every path value points into it or nowhere)
+FUZZ_COMMANDS = (("matrix",), ("ci-plan",), ("index", "key"), ("warmup",), ("tune",), ("oracle",), ("smoke",),
+                 ("bench",), ("wheels", "env"), ("wheels", "torch"), ("index", "build"))
+_VALUES = ["", "-1", "0", "1", "9" * 400, "nan", "inf", "1e309", "3/2", "0/0", "a/b", "2.99", "３.１２", "é",
+           "--", "-", "x" * 300, "torch2.11-cu130-py312", "flash-attn", "nosuch", "2.11", "13.0", "3.12",
+           "{DIR}/nope.json", "{DIR}", "/proc/attnkit/x", "{DIR}/" + "n" * 300, "\n", " ", "\\", "*", "%s%n"]
+
+
+def _options(argv_prefix: tuple[str, ...]) -> list[str]:
+    """The option strings argparse knows for a subcommand (read from the parser itself)."""
+    import argparse
+
+    from attnkit.cli import build_parser
+
+    parser = build_parser()
+    for word in argv_prefix:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = sub.choices[word]
+    return sorted(s for a in parser._actions for s in a.option_strings if s not in ("-h", "--help"))
+
+
+def test_fuzz_command_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random hostile command lines of the cheap subcommands (bounded: 25 s): every run ends in exit 0, 1, 2 (or
+    argparse's 2), never an exception out of main() and never a traceback; a failure is one line; nothing is
+    written outside the test's folder. hypothesis shrinks a failure; without it, a seeded random walk."""
+    monkeypatch.setenv("ATTNKIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("ATTNKIT_REPORT_DIR", str(tmp_path / "reports"))
+    monkeypatch.chdir(tmp_path)
+    opts = {c: _options(c) for c in FUZZ_COMMANDS}
+    deadline = time.monotonic() + 25
+    checkout = Path(__file__).resolve().parents[1]
+    before = {p: p.stat().st_mtime_ns for p in (checkout / "docs").rglob("*")}
+    codes: list[int] = []
+
+    def check(seed: int) -> None:
+        rng = random.Random(seed)
+        cmd = rng.choice(FUZZ_COMMANDS)
+        argv = [*cmd]
+        for _ in range(rng.randrange(0, 4)):
+            argv.append(rng.choice(opts[cmd]))
+            if rng.random() < 0.85:
+                argv.append(rng.choice(_VALUES).replace("{DIR}", str(tmp_path)))
+        if cmd == ("smoke",) and "--case" not in argv:
+            argv += ["--case", "nosuch"]  # a real smoke run is another test's job
+        if cmd == ("bench",) and "--shape" not in argv:
+            argv += ["--shape", "nosuch"]
+        if cmd == ("tune",) and not {"--plan", "--merge", "--validate"} & set(argv):
+            argv += ["--merge", str(tmp_path / "none.jsonl")]
+        if cmd == ("warmup",):
+            argv.append("--dry-run")
+        if cmd == ("index", "build"):
+            argv[2:2] = [str(tmp_path / "wheels-in"), "--out", str(tmp_path / "site")]
+        try:
+            code = main(argv)
+        except SystemExit as exc:  # argparse's own exits: usage errors (2), --help (0)
+            code = int(exc.code or 0)
+        except BaseException as exc:
+            raise AssertionError(f"{argv!r}: {type(exc).__name__}: {exc}") from exc
+        err = capsys.readouterr().err
+        codes.append(code)
+        assert code in (0, 1, 2), (argv, code, err)
+        assert "Traceback" not in err, (argv, err)
+        if code:
+            lines = [ln for ln in err.strip().splitlines() if not ln.startswith(("usage:", "  "))]
+            assert len(lines) == 1, (argv, err)
+
+    try:
+        from hypothesis import HealthCheck, given, settings
+        from hypothesis import strategies as st
+    except ImportError:
+        rng = random.Random(28)
+        while time.monotonic() < deadline:
+            check(rng.randrange(2**32))
+    else:
+        @settings(max_examples=250, deadline=None, database=None, derandomize=True,
+                  suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+        @given(st.integers(0, 2**32 - 1))
+        def fuzz(seed: int) -> None:
+            if time.monotonic() < deadline:
+                check(seed)
+
+        fuzz()
+    after = {p: p.stat().st_mtime_ns for p in (checkout / "docs").rglob("*")}
+    assert after == before  # nothing in the checkout was written
+    assert len(codes) >= 40 and {1, 2} <= set(codes), (len(codes), sorted(set(codes)))  # it did exercise refusals
