@@ -279,6 +279,29 @@ def test_hf_compiled_model_has_no_graph_breaks_and_matches():
     torch.testing.assert_close(compiled(input_ids=ids).logits, model(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
 
 
+def test_hf_padded_batch_compiles_with_zero_graph_breaks_and_matches_eager():
+    """A padded batch (left and right padding) under torch.compile(fullgraph=True): no host data in the graph,
+    logits of every real token and every gradient equal to the eager model's."""
+    model = _tiny("Llama")
+    ids = torch.randint(0, 128, (3, 20), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones(3, 20, dtype=torch.long)
+    mask[1, :6] = 0  # left padding
+    mask[2, 13:] = 0  # right padding
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(input_ids=ids, attention_mask=mask)
+    assert explained.graph_break_count == 0, [str(b.reason) for b in explained.break_reasons]
+    ref, ref_grads = _logits_and_grads(model, "attnkit", input_ids=ids, attention_mask=mask)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    model.zero_grad()
+    logits = compiled(input_ids=ids, attention_mask=mask).logits * mask[..., None]
+    assert torch.isfinite(logits).all()
+    logits.square().mean().backward()
+    torch.testing.assert_close(logits.detach(), ref, rtol=1e-5, atol=1e-5)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, ref_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_hf_refuses_what_it_cannot_serve_in_one_line():
     from attnkit.integrations.transformers import UnsupportedCall, attention_forward
 

@@ -9,9 +9,11 @@ softcap; attnkit's layout is (batch, seqlen, heads, head_dim) with bottom-right 
 HF's flash-attention path, whose mask function attnkit shares: the model hands over HF's 2D padding mask
 (or None), never a dense 4D mask. Padded batches and packed sequences (position ids restarting at 0, or
 the cu_seq_lens_* kwargs of DataCollatorWithFlattening) go to attnkit's varlen path; the token indices are
-worked out once per mask and step, not once per layer. Under torch.compile an unpadded batch compiles into
-one graph (fullgraph); the token indices of a padding mask or of packed sequences are host data, so
-those batches break the graph at the adapter (compile them without fullgraph). What the adapter cannot serve (attention sinks,
+worked out once per mask and step, not once per layer. Under torch.compile every batch compiles into one graph
+(fullgraph): the token indices of a padding mask are host data, so in a graph the padding is a key bias built
+on the device (a mask-based kernel then serves it, exact for every real token); DataCollatorWithFlattening's
+cu_seq_lens go to the varlen path as device tensors (FlashAttention-4 records it through attnkit's ops).
+Packing found only from restarting position ids needs their host values: outside graphs only. What the adapter cannot serve (attention sinks,
 position biases, a custom 4D mask) fails with one error naming the way out.
 """
 
@@ -101,12 +103,20 @@ def attention_forward(module: Any, query: Any, key: Any, value: Any, attention_m
 
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if cu_q is not None and cu_k is not None and batch == 1:  # DataCollatorWithFlattening's kwargs
-        cq, ck = (_cached(kind, cu, (), lambda cu=cu: cu.to(dtype=_int32(), copy=cu.dtype != _int32()))
-                  for kind, cu in (("cu_q", cu_q), ("cu_k", cu_k)))
+        if _compiling():  # device tensors as they are: nothing cached on the host inside a graph
+            cq, ck = cu_q.to(dtype=_int32()), cu_k.to(dtype=_int32())
+        else:
+            cq, ck = (_cached(kind, cu, (), lambda cu=cu: cu.to(dtype=_int32(), copy=cu.dtype != _int32()))
+                      for kind, cu in (("cu_q", cu_q), ("cu_k", cu_k)))
         out = attention(q[0], k[0], v[0], cu_seqlens_q=cq, cu_seqlens_k=ck,
                         max_seqlen_q=int(kwargs.get("max_length_q") or sq),
                         max_seqlen_k=int(kwargs.get("max_length_k") or sk), **opts)
         return out.unsqueeze(0), None
+    if attention_mask is not None and _compiling():
+        # in a graph, the token indices would be host data (a graph break): the padding becomes a key bias built
+        # on the device instead, exact for every real token (a row of padding only, left of a left-padded
+        # sequence, sees padding only: finite values that no real token reads, as HF's own sdpa path gives)
+        return attention(q, k, v, attn_bias=_padding_bias(attention_mask, sk), **opts), None
     if attention_mask is not None:
         same, iq, cq, mq, ik, ck, mk = _cached("mask", attention_mask, (sq, sk),
                                                 lambda: _from_padding_mask(attention_mask, sq, sk))
@@ -129,6 +139,17 @@ def attention_forward(module: Any, query: Any, key: Any, value: Any, attention_m
     return attention(q, k, v, **opts), None
 
 
+PAD = -1e30  # a finite "never": a row of padding only stays finite (no NaN forward or backward), in fp16 too
+
+
+def _padding_bias(mask: Any, sk: int) -> Any:
+    """HF's 2D padding mask (batch, >= sk) as an additive key bias (batch, 1, 1, sk), float32, on the device."""
+    import torch
+
+    keep = mask[:, -sk:].bool()
+    return torch.zeros(keep.shape, dtype=torch.float32, device=keep.device).masked_fill(~keep, PAD)[:, None, None, :]
+
+
 def _compiling() -> bool:
     import torch
 
@@ -142,10 +163,18 @@ def _int32() -> Any:
 
 
 def mask_function(*args: Any, **kwargs: Any) -> Any:
-    """The model's mask for "attnkit": HF's flash-attention mask (None, or the 2D padding mask)."""
+    """The model's mask for "attnkit": HF's flash-attention mask (None, or the 2D padding mask). In a graph,
+    the 2D mask as it is: HF drops an all-ones mask with `mask.all()`, a data-dependent branch that breaks the
+    graph; kept, it costs a key bias of zeros (what HF's own compiled sdpa path does with any mask)."""
+    import inspect
+
     from transformers.masking_utils import flash_attention_mask
 
-    return flash_attention_mask(*args, **kwargs)
+    if not _compiling():
+        return flash_attention_mask(*args, **kwargs)
+    bound = inspect.signature(flash_attention_mask).bind(*args, **kwargs)
+    mask, kv_length = bound.arguments.get("attention_mask"), bound.arguments["kv_length"]
+    return None if mask is None else mask[:, -kv_length:]
 
 
 def register() -> None:
