@@ -302,6 +302,25 @@ def test_hf_padded_batch_compiles_with_zero_graph_breaks_and_matches_eager():
         torch.testing.assert_close(p.grad, ref_grads[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_hf_packed_batch_compiles_with_zero_graph_breaks_and_equals_each_sequence_alone():
+    """DataCollatorWithFlattening's kwargs under torch.compile(fullgraph=True): the cu_seq_lens stay device
+    tensors, the varlen call is recorded (here, on the CPU, by flex; on a GPU by FlashAttention-4's ops)."""
+    model = _tiny("Llama").eval()
+    lengths = (7, 9, 4)
+    ids = torch.randint(0, 128, (1, sum(lengths)), generator=torch.Generator().manual_seed(2))
+    cu = torch.tensor([0, 7, 16, 20], dtype=torch.int32)
+    kw = dict(position_ids=torch.cat([torch.arange(n) for n in lengths])[None], cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+              max_length_q=9, max_length_k=9)
+    with torch.no_grad():
+        alone = torch.cat([model(input_ids=part).logits for part in ids.split(lengths, dim=1)], dim=1)
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(model)(input_ids=ids, **kw)
+        assert explained.graph_break_count == 0, [str(b.reason) for b in explained.break_reasons]
+        torch._dynamo.reset()
+        out = torch.compile(model, fullgraph=True, backend="aot_eager")(input_ids=ids, **kw).logits
+    torch.testing.assert_close(out, alone, rtol=1e-5, atol=1e-5)
+
+
 def test_hf_refuses_what_it_cannot_serve_in_one_line():
     from attnkit.integrations.transformers import UnsupportedCall, attention_forward
 

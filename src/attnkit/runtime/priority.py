@@ -41,7 +41,7 @@ DEFAULTS: tuple[tuple[tuple[int, int], tuple[str, ...]], ...] = (
               "sdpa_efficient", "sdpa_math")),
     ((0, 0), ("xformers", "sdpa_efficient", "sdpa", "sdpa_math")),
 )
-CPU_DEFAULT: tuple[str, ...] = ("sdpa_cpu", "sdpa", "sdpa_math")
+CPU_DEFAULT: tuple[str, ...] = ("sdpa_cpu", "sdpa", "sdpa_math", "flex")  # flex: packed varlen in a graph
 
 
 @dataclass(frozen=True)
