@@ -89,29 +89,73 @@ def _tls(tool: str, tls_verify: bool) -> list[str]:
 
 
 def push(tool: str, local: str, tag: str, tls_verify: bool) -> str:
-    """Push `local` as `tag`; returns the registry's digest of it."""
+    """Push `local` as `tag`; returns the digest the push reported (checked against the registry by the caller)."""
     if tool == "docker":
         _run(["docker", "tag", local, tag], f"docker tag {local} {tag}")
         _run(["docker", "push", tag], f"docker push {tag}")
-        return pull(tool, tag, tls_verify)
+        return registry_digest(tool, tag, tls_verify)
     with tempfile.TemporaryDirectory(prefix="attnkit-push-") as tmp:
         dfile = Path(tmp) / "digest"
         _run(["podman", "push", *_tls(tool, tls_verify), "--digestfile", str(dfile), local, tag], f"podman push {tag}")
         return dfile.read_text().strip()
 
 
-def pull(tool: str, tag: str, tls_verify: bool) -> str:
-    """Pull `tag`; returns its digest in the registry (sha256:...)."""
-    _run([tool, "pull", *_tls(tool, tls_verify), tag], f"{tool} pull {tag}")
+MANIFEST_TYPES = ("application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json, "
+                  "application/vnd.oci.image.index.v1+json, application/vnd.docker.distribution.manifest.list.v2+json")
+
+
+def _split(tag: str) -> tuple[str, str, str]:
+    """('127.0.0.1:5000', 'attnkit/attnkit', 'torch2.13-cpu') for '127.0.0.1:5000/attnkit/attnkit:torch2.13-cpu'."""
+    host, _, rest = tag.partition("/")
+    repo, _, ref = rest.rpartition(":") if ":" in rest.rsplit("/", 1)[-1] else (rest, "", "latest")
+    if "@" in rest:
+        repo, _, ref = rest.partition("@")
+    return host, repo, ref
+
+
+def _http_digest(tag: str, tls_verify: bool) -> str:
+    """The digest the registry serves for `tag` (HEAD of its manifest, Docker-Content-Digest), with an anonymous
+    bearer token where the registry asks for one (ghcr.io does, for public images)."""
+    import re
+    import urllib.error
+    import urllib.request
+
+    host, repo, ref = _split(tag)
+    url = f"{'https' if tls_verify else 'http'}://{host}/v2/{repo}/manifests/{ref}"
+    headers = {"Accept": MANIFEST_TYPES}
+    for _ in range(2):
+        req = urllib.request.Request(url, method="HEAD", headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                digest = r.headers.get("Docker-Content-Digest")
+                if not digest:
+                    raise AttnkitError(f"images promote: {url} gave no Docker-Content-Digest")
+                return str(digest)
+        except urllib.error.HTTPError as exc:
+            auth = exc.headers.get("WWW-Authenticate", "") if exc.code == 401 else ""
+            m = dict(re.findall(r'(\w+)="([^"]*)"', auth))
+            if not m.get("realm") or "Authorization" in headers:
+                raise AttnkitError(f"images promote: {url}: HTTP {exc.code}") from None
+            q = "&".join(f"{k}={m[k]}" for k in ("service", "scope") if k in m)
+            with urllib.request.urlopen(f"{m['realm']}?{q}", timeout=30) as r:
+                headers["Authorization"] = f"Bearer {json.load(r)['token']}"
+        except OSError as exc:
+            raise AttnkitError(f"images promote: {url}: {exc}") from None
+    raise AttnkitError(f"images promote: {url}: no digest")
+
+
+def registry_digest(tool: str, tag: str, tls_verify: bool) -> str:
+    """The digest `tag` names in its registry now (sha256:...), asked of the registry, not of the local store
+    (podman's local `.Digest` of an image it built is not the pushed manifest's)."""
     if tool == "docker":
-        digests = json.loads(_run(["docker", "image", "inspect", "--format", "{{json .RepoDigests}}", tag],
-                                  f"docker image inspect {tag}"))
-        repo = tag.rsplit(":", 1)[0]
-        found = [d.split("@", 1)[1] for d in digests if d.startswith(repo + "@")]
-        if not found:
-            raise AttnkitError(f"images promote: {tag} has no digest from its registry")
-        return str(found[0])
-    return _run(["podman", "image", "inspect", "--format", "{{.Digest}}", tag], f"podman image inspect {tag}").strip()
+        out = _run(["docker", "buildx", "imagetools", "inspect", tag, "--format", "{{json .Manifest}}"],
+                   f"imagetools inspect {tag}")
+        return str(json.loads(out)["digest"])
+    return _http_digest(tag, tls_verify)
+
+
+def pull(tool: str, ref: str, tls_verify: bool) -> None:
+    _run([tool, "pull", *_tls(tool, tls_verify), ref], f"{tool} pull {ref}")
 
 
 def run_inside(tool: str, ref: str, script: str, gpus: bool) -> subprocess.CompletedProcess[str]:
@@ -132,11 +176,10 @@ def point(tool: str, tested: str, tag: str, digest: str, tls_verify: bool) -> No
     """Point `tag` at the tested image `tested` (REPO@digest) and check the registry names the same digest."""
     if tool == "docker":
         _run(["docker", "buildx", "imagetools", "create", "-t", tag, tested], f"imagetools create -t {tag}")
-        got = _run(["docker", "buildx", "imagetools", "inspect", tag, "--format", "{{json .Manifest.Digest}}"],
-                   f"imagetools inspect {tag}").strip().strip('"')
     else:
         _run(["podman", "tag", tested, tag], f"podman tag {tag}")
-        got = push(tool, tag, tag, tls_verify)
+        push(tool, tag, tag, tls_verify)
+    got = registry_digest(tool, tag, tls_verify)
     if got != digest:
         raise AttnkitError(f"images promote: {tag} names {got} in the registry, not the smoke-tested {digest}")
 
@@ -156,16 +199,13 @@ def promote(m: Matrix, cell: Cell, variants: list[str], *, tool: str, registry: 
                     moving_tags={v: t[1] for v, t in tags.items()})
     for v in variants:
         tag = rep.immutable[v]
-        if push_local and v in push_local:
-            rep.digests[v] = push(tool, push_local[v], tag, tls_verify)
-        pulled = pull(tool, tag, tls_verify)  # what the registry has now, by digest
-        if v in rep.digests and pulled != rep.digests[v]:
-            raise AttnkitError(f"images promote: {tag} is {pulled} in the registry, not the pushed {rep.digests[v]}")
-        rep.digests[v] = pulled
+        pushed = push(tool, push_local[v], tag, tls_verify) if push_local and v in push_local else None
+        rep.digests[v] = registry_digest(tool, tag, tls_verify)  # what the registry has now
+        if pushed and rep.digests[v] != pushed:
+            raise AttnkitError(f"images promote: {tag} is {rep.digests[v]} in the registry, not the pushed {pushed}")
     runtime = "runtime" if "runtime" in variants else variants[0]
     rep.smoke_ref = pinned(rep.immutable[runtime], rep.digests[runtime])
-    if tool == "podman":
-        _run(["podman", "pull", *_tls(tool, tls_verify), rep.smoke_ref], f"podman pull {rep.smoke_ref}")
+    pull(tool, rep.smoke_ref, tls_verify)  # by digest: what is tested is what the tags will name
     t0 = time.monotonic()
     r = run_inside(tool, rep.smoke_ref, SMOKE, gpus=cell.cuda is not None)
     rep.smoke_seconds = round(time.monotonic() - t0, 1)
