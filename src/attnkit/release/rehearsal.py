@@ -38,10 +38,11 @@ from typing import Any, ClassVar
 from attnkit._io import write_atomic
 from attnkit.errors import AttnkitError
 from attnkit.images.context import source_tree
-from attnkit.images.promote import SMOKE, pinned, run_inside, tags_for
+from attnkit.images.promote import MANIFEST_TYPES, SMOKE, pinned, registry_digest, run_inside, tags_for
 from attnkit.images.report import smoke_counts
 from attnkit.matrix import load_matrix, naming
 from attnkit.matrix.expand import Cell, find_cell
+from attnkit.release.docs import pull_block, replace_block
 from attnkit.release.steps import render
 from attnkit.wheels.index import install_commands
 from attnkit.wheels.pyenv import torch_requirement
@@ -49,12 +50,21 @@ from attnkit.wheels.pyenv import torch_requirement
 CELL = "torch2.13-cpu-py311"  # the CPU cell: its image is what `nox -s e2e` builds
 WHEEL_CELL = "torch2.14-cu130-py311"  # the test wheel's cell: this venv's CUDA torch (nox -s release-rehearsal)
 PROJECT, VERSION = "attnkit-tinyext", "0.1.0"
+# Why the rehearsal does not also run a CUDA cell (measured on the 2-core machine; see docs/usage.md):
+CUDA_WHY = ("a CUDA cell's image is 6.0 GB (torch2.11-cu130-py313-runtime, built here on the nvidia/cuda stand-in: "
+            "first build 464 s, smoke stage 79 s, docs/results/2026-11-30-image-torch2.11-cu130-py313-runtime.json); "
+            "pushing and pulling it through the registry (gzip on 2 cores) and smoking it twice would take the "
+            "rehearsal from ~5 to ~20 minutes; and no CUDA cell the local base can build (Debian's Python 3.11 or "
+            "3.13) owns a moving tag (latest is py3.12, torch<X.Y>-cu<NNN> the newest Python), so its gate would "
+            "move nothing; its cell wheels (flash-attn, xformers) are hours of nvcc each. The CUDA path that the "
+            "rehearsal does run: the test wheel, a real nvcc build against the CUDA 13.0 torch 2.14.1, through the "
+            "site to pip, uv and attnkit install")
+UV_CACHE_NOTE = ("uv installs torch 2.14.1 (+cu130, with its CUDA wheels) into its fresh venv from PyPI itself: uv reads no "
+                 ".pth file, so it cannot share this venv's torch as pip's and attnkit's venvs do; uv's cache on this "
+                 "machine already held those wheels (19 s for a first, cold install, measured once)")
 # the failing image: the cell's image with torch's main library removed (a broken layer), so `nox -s smoke` exits 1
 FAILING = ("FROM {base}\nUSER 0\nRUN rm -f /opt/venv/lib/python{py}/site-packages/torch/lib/libtorch_cpu.so\n"
            "USER 10001\n")
-MANIFEST_TYPES = ("application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json, "
-                  "application/vnd.oci.image.index.v1+json, application/vnd.docker.distribution.manifest.list.v2+json")
-
 
 def torch_index(cell: Cell, log: Log) -> str:
     """PyTorch's index for the cell, as images.yml uses it, where its host resolves; else PyPI (pip then finds
@@ -67,6 +77,27 @@ def torch_index(cell: Cell, log: Log) -> str:
     except OSError:
         log.say(f"{host} does not resolve here: the wheelhouse's torch comes from PyPI / pip's find-links instead")
         return "https://pypi.org/simple"
+
+
+def installed_lines(output: str) -> list[str]:
+    """What an installer said it resolved and installed: pip's 'Successfully installed ...', uv's 'Resolved N
+    packages' and its '+ name==version' lines for our project, attnkit's 'installed ...'."""
+    keep = []
+    for ln in (x.strip() for x in output.splitlines()):
+        if ln.startswith(("Successfully installed", "Resolved ", "Installed ", "installed ")) or (
+                ln.startswith("+ ") and PROJECT in ln):
+            keep.append(ln[:300])
+    return keep
+
+
+def served(lines: list[str]) -> dict[str, Any]:
+    """The HTTP server's log of one installer: every request that was served (200), and the projects it asked our
+    index for that are not there (404: pip and uv look for every dependency in each index they were given)."""
+    import re
+
+    ok = [ln for ln in lines if '" 200 ' in ln]
+    missing = sorted({m.group(1) for ln in lines if '" 404 ' in ln for m in [re.search(r"/simple/([^/ ]+)/", ln)] if m})
+    return {"server_log": ok, "not_on_our_index": missing}
 
 
 def free_port() -> int:
@@ -96,10 +127,12 @@ class Log:
 
 def run(log: Log, cmd: list[str], *, expect: int = 0, env: dict[str, str] | None = None,
         keep: int = 25) -> subprocess.CompletedProcess[str]:
+    """Run and log: the command, the tail of its stderr (progress, errors), a few last lines of its stdout."""
     log.say("$ " + shlex.join(cmd))
     t0 = time.monotonic()
     r = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
-    log.output(r.stdout + "\n" + r.stderr, keep)
+    log.output(r.stderr, keep)
+    log.output(r.stdout, max(3, keep // 3))
     log.say(f"  exit {r.returncode} in {time.monotonic() - t0:.1f} s")
     if r.returncode != expect:
         last = [ln for ln in (r.stderr + r.stdout).strip().splitlines() if ln.strip()]
@@ -154,6 +187,9 @@ def registry(work: Path, log: Log) -> Iterator[str]:
 class _Handler(http.server.SimpleHTTPRequestHandler):
     access: ClassVar[list[str]]  # set per server by http_site
     lock: ClassVar[threading.Lock]
+
+    def log_error(self, format: str, *args: Any) -> None:
+        pass  # a 404's "code 404, message File not found": its request line says it already
 
     def log_message(self, format: str, *args: Any) -> None:
         with self.lock:
@@ -212,12 +248,42 @@ def fresh_venv(path: Path, torch_site: str | None) -> str:
     return py
 
 
+def user_image(log: Log, pull_tag: str, promoted: str) -> dict[str, Any]:
+    """A user's `podman pull` of the tag into an empty store, then `attnkit doctor` and the smoke inside it."""
+    t0 = time.monotonic()
+    run(log, ["podman", "pull", "--tls-verify=false", pull_tag], keep=4)
+    pull_seconds = round(time.monotonic() - t0, 1)
+    digest = registry_digest("podman", pull_tag, False)
+    repo_digests = json.loads(subprocess.run(["podman", "image", "inspect", "--format", "{{json .RepoDigests}}",
+                                              pull_tag], capture_output=True, text=True, check=True).stdout)
+    size = subprocess.run(["podman", "image", "inspect", "--format", "{{.Size}}", pull_tag], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    log.say("$ python -m attnkit.cli doctor --json (in the pulled image: buildah run --isolation chroot)")
+    doc = run_inside("podman", pull_tag, "python -m attnkit.cli doctor --json", gpus=False)
+    log.say(f"  exit {doc.returncode}")
+    backends = json.loads(doc.stdout).get("backends", {}) if doc.returncode == 0 else {}
+    log.say(f"$ {SMOKE} (in the pulled image)")
+    sm = run_inside("podman", pull_tag, SMOKE, gpus=False)
+    log.output(sm.stdout + sm.stderr, 8)
+    log.say(f"  exit {sm.returncode}")
+    if doc.returncode != 0 or sm.returncode != 0:
+        raise AttnkitError(f"rehearsal: in the pulled {pull_tag}: doctor exit {doc.returncode}, smoke exit {sm.returncode}")
+    return {"pulled": pull_tag, "into": "an empty image store", "pull_seconds": pull_seconds,
+            "image_bytes": int(size) if size.isdigit() else None, "digest": digest,
+            "digest_is_the_promoted_one": digest == promoted, "pulled_image_has_it": pinned(pull_tag, digest) in repo_digests,
+            "doctor": {"exit": doc.returncode, "backends": len(backends),
+                       "available": sorted(b for b, v in backends.items() if v.get("available"))},
+            "smoke": {"exit": sm.returncode, "counts": smoke_counts(sm.stdout + sm.stderr)}}
+
+
 def rehearse(work: Path, log: Log) -> dict[str, Any]:
     tree = source_tree()
     m = load_matrix(None)
     cell = find_cell(m, CELL)
-    rep: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} cores, no GPU",
-                           "cell": CELL, "wheel_cell": WHEEL_CELL, "phases_seconds": {}}
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    rep: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} cores, {mem:.0f} GiB, no GPU",
+                           "python": sys.version.split()[0], "cell": CELL, "wheel_cell": WHEEL_CELL,
+                           "cuda_cell": {"done": False, "why": CUDA_WHY}, "phases_seconds": {}}
     phases = rep["phases_seconds"]
 
     def phase(name: str, since: float) -> float:
@@ -290,32 +356,17 @@ def rehearse(work: Path, log: Log) -> dict[str, Any]:
                          "smoke_counts": good["smoke_counts"], "smoke_seconds": good["smoke_seconds"],
                          "docker_pull_pinned": {v: f"docker pull {pinned(tag_, good['digests'][v])}"
                                                 for v, tag_ in good["immutable"].items()}}
-        rep["failing_image"] = {"change": FAILING.splitlines()[2], "immutable": bad["immutable"],
+        rep["failing_image"] = {"change": FAILING.format(base=local, py=cell.python).splitlines()[2],
+                                "smoke_tail": bad["smoke_tail"], "immutable": bad["immutable"],
                                 "digests": bad["digests"], "smoke_exit": bad["smoke_exit"],
                                 "smoke_counts": bad["smoke_counts"], "why_not": bad["why_not"],
                                 "moving_tags_it_would_get": bad["moving_tags"], "moved": bad["moved"],
                                 "promote_error": r.stderr.strip().splitlines()[-1]}
         # 5. the user's side: the moving tag from the registry
         immutable, moving = tags_for(m, cell, "runtime", registry_repo, None)
-        for ref in (local, failing_local, immutable, *moving, *(f"{immutable.rsplit(':', 1)[0]}@{d}"
-                                                               for d in good["digests"].values())):
-            subprocess.run(["podman", "rmi", "-f", ref], capture_output=True, check=False)
         pull_tag = moving[0] if moving else immutable
-        run(log, ["podman", "pull", "--tls-verify=false", pull_tag], keep=4)
-        digest = subprocess.run(["podman", "image", "inspect", "--format", "{{.Digest}}", pull_tag],
-                                capture_output=True, text=True, check=True).stdout.strip()
-        log.say("$ attnkit doctor --json (in the pulled image, buildah run --isolation chroot)")
-        doc = run_inside("podman", pull_tag, "python -m attnkit.cli doctor --json", gpus=False)
-        doctor = json.loads(doc.stdout)
-        backends = doctor.get("backends", {})
-        log.say("$ nox -s smoke (in the pulled image)")
-        sm = run_inside("podman", pull_tag, SMOKE, gpus=False)
-        log.output(sm.stdout + sm.stderr, 8)
-        rep["user_image"] = {"pulled": pull_tag, "digest": digest, "digest_is_the_promoted_one":
-                             digest == good["digests"]["runtime"],
-                             "doctor": {"exit": doc.returncode, "backends": len(backends),
-                                        "available": sorted(b for b, v in backends.items() if v.get("available"))},
-                             "smoke": {"exit": sm.returncode, "counts": smoke_counts(sm.stdout + sm.stderr)}}
+        with own_image_store(work / "user", log, copy_base=False):
+            rep["user_image"] = user_image(log, pull_tag, good["digests"]["runtime"])
         t = phase("user: pull + doctor + smoke", t)
         # 6. the user's side: pip, uv and attnkit install from the served key index, each into a fresh venv
         torch_site = subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -338,11 +389,24 @@ def rehearse(work: Path, log: Log) -> dict[str, Any]:
                 argv = attnkit_argv(["attnkit", "install", PROJECT, "--index", f"{url}/site", "--python", py])
             ir = run(log, argv, keep=6)
             out = run(log, [py, "-c", check]).stdout.strip()
-            installs[tool] = {"command": shlex.join(argv), "said": (ir.stdout + ir.stderr).strip().splitlines()[-1:],
-                              "runs": out, "server_log": access[start:]}
+            installs[tool] = {"command": shlex.join(argv), "installed": installed_lines(ir.stdout + ir.stderr),
+                              "runs": out, **served(access[start:])}
         rep["installs"] = installs
         phase("user: pip, uv, attnkit install", t)
+        rep["uv_cache"] = UV_CACHE_NOTE
+    rep["registry"]["requests"] = registry_requests((work / "registry" / "registry.log").read_text(errors="replace"))
     return rep
+
+
+def registry_requests(log_text: str) -> dict[str, int]:
+    """The registry's access log, counted by method and kind of path ('GET manifests', 'PUT blobs' ...)."""
+    import re
+
+    counts: dict[str, int] = {}
+    for m in re.finditer(r'"(GET|HEAD|PUT|POST|PATCH|DELETE) /v2/\S*?/(manifests|blobs|tags)/', log_text):
+        key = f"{m.group(1)} {m.group(2)}"
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def _registry_version() -> str:
@@ -350,36 +414,41 @@ def _registry_version() -> str:
     return r.stdout.strip()
 
 
-def image_ids() -> set[str]:
-    r = subprocess.run(["podman", "images", "-a", "-q", "--no-trunc"], capture_output=True, text=True, check=False)
-    return set(r.stdout.split())
+BASE = "localhost/debian-base:bookworm"  # the debootstrap base images/base.py makes (the CPU cell's Debian 12)
 
 
-# the names the rehearsal's images carry (its build, the failing copy, what it pulled from its registry)
-OURS = (f"ghcr.io/attnkit/attnkit:{CELL}-", "localhost/attnkit-smokefail:", "127.0.0.1:")
-
-
-def cleanup_images(log: Log, before: set[str]) -> None:
-    """Remove the images the rehearsal made (gigabytes a run): those named as ours and their unnamed build
-    parents, made since it started; not what was there before (the debootstrap base, which later runs reuse)
-    nor anything another user of this podman store built meanwhile."""
-    fresh = image_ids() - before
-    rows = subprocess.run(["podman", "images", "-a", "--no-trunc", "--format", "{{.ID}} {{.Repository}}:{{.Tag}}"],
-                          capture_output=True, text=True, check=False).stdout.splitlines()
-    todo = [i.removeprefix("sha256:") for i, _, name in (r.partition(" ") for r in rows) if name.startswith(OURS)]
-    new: list[str] = []
-    while todo:
-        i = todo.pop()
-        if i in new or not any(f.removeprefix("sha256:") == i for f in fresh):
-            continue
-        new.append(i)
-        parent = subprocess.run(["podman", "image", "inspect", "--format", "{{.Parent}}", i], capture_output=True,
-                                text=True, check=False).stdout.strip()
-        if parent:
-            todo.append(parent.removeprefix("sha256:"))
-    if new:
-        subprocess.run(["podman", "rmi", "-f", *new], capture_output=True, check=False)
-    log.say(f"removed the rehearsal's {len(new)} image(s); {len(image_ids() & set(new))} left")
+@contextmanager
+def own_image_store(work: Path, log: Log, copy_base: bool = True) -> Iterator[None]:
+    """A podman/buildah image store of the rehearsal's own (CONTAINERS_STORAGE_CONF, under `work`), removed at
+    the end: its builds and pulls never mix with the machine's store (where `nox -s e2e` may be building the
+    same tags), and it starts without their layer cache. The debootstrap base is copied in when the machine's
+    store has it (else images/base.py makes it there). Without `copy_base`: an empty store, a user's machine."""
+    work.mkdir(parents=True, exist_ok=True)
+    conf = work / "storage.conf"
+    conf.write_text(f'[storage]\ndriver = "overlay"\ngraphroot = "{work / "containers" / "storage"}"\n'
+                    f'runroot = "{work / "containers" / "run"}"\n')
+    env = dict(os.environ, CONTAINERS_STORAGE_CONF=str(conf))
+    if copy_base and subprocess.run(["podman", "image", "exists", BASE], check=False).returncode == 0:
+        save = subprocess.Popen(["podman", "save", BASE], stdout=subprocess.PIPE)
+        subprocess.run(["podman", "load"], stdin=save.stdout, capture_output=True, check=True, env=env)
+        save.wait()
+        log.say(f"image store: {work / 'containers'} (its own), {BASE} copied in")
+    elif not copy_base:
+        log.say(f"image store: {work / 'containers'} (empty: the user's machine)")
+    old = os.environ.get("CONTAINERS_STORAGE_CONF")
+    os.environ["CONTAINERS_STORAGE_CONF"] = str(conf)
+    try:
+        yield
+    finally:
+        subprocess.run(["buildah", "rm", "--all"], capture_output=True, check=False)
+        subprocess.run(["podman", "rmi", "--all", "--force"], capture_output=True, check=False)
+        left = subprocess.run(["podman", "images", "-a", "-q"], capture_output=True, text=True, check=False).stdout.split()
+        if old is None:
+            os.environ.pop("CONTAINERS_STORAGE_CONF", None)
+        else:
+            os.environ["CONTAINERS_STORAGE_CONF"] = old
+        shutil.rmtree(work / "containers", ignore_errors=True)
+        log.say(f"image store removed ({len(left)} image(s) left in it before removal)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -388,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report", required=True, help="write the JSON report here")
     p.add_argument("--log", help="write the log here (default: the report's path with .log)")
     p.add_argument("--keep", action="store_true", help="keep the work folder (registry storage, site, venvs)")
+    p.add_argument("--docs", help="regenerate this doc's pinned `docker pull` block from the report (docs/usage.md)")
     a = p.parse_args(argv)
     log_path = Path(a.log) if a.log else Path(a.report).with_suffix(".log")
     log = Log()
@@ -395,9 +465,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     rep: dict[str, Any] = {}
     rc = 1
-    before = image_ids()
     try:
-        rep = rehearse(work, log)
+        with own_image_store(work, log):
+            rep = rehearse(work, log)
         rc = 0
     except AttnkitError as exc:
         log.say(f"FAILED: {exc}")
@@ -407,11 +477,14 @@ def main(argv: list[str] | None = None) -> int:
         rep["error"] = "interrupted"
         raise
     finally:
-        cleanup_images(log, before)
         rep["wall_seconds"] = round(time.monotonic() - t0, 1)
+        rep["load_average_1_5_15_min_at_end"] = [round(x, 2) for x in os.getloadavg()]  # CPU shared with others?
         log.say(f"rehearsal {'passed' if rc == 0 else 'FAILED'} in {rep['wall_seconds']:.0f} s; report {a.report}")
         write_atomic(a.report, json.dumps(rep, indent=1, default=str) + "\n")
         write_atomic(log_path, "\n".join(log.lines) + "\n")
+        if a.docs and rc == 0:
+            doc = Path(a.docs)
+            write_atomic(doc, replace_block(doc.read_text(encoding="utf-8"), pull_block(rep, a.report)))
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
     return rc
