@@ -107,3 +107,47 @@ def test_promote_bad_input_is_one_line(args, code, needle):
     r = cli("images", "promote", *args)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == code and len(lines) == 1 and lines[0].startswith("attnkit: error: ") and needle in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("ref, parts", [
+    ("127.0.0.1:5000/attnkit/attnkit:torch2.13-cpu", ("127.0.0.1:5000", "attnkit/attnkit", "torch2.13-cpu")),
+    ("ghcr.io/attnkit/attnkit@sha256:ab12", ("ghcr.io", "attnkit/attnkit", "sha256:ab12")),
+    ("ghcr.io/attnkit/attnkit", ("ghcr.io", "attnkit/attnkit", "latest")),
+])
+def test_registry_reference_parts(ref, parts):
+    assert promote._split(ref) == parts
+
+
+def test_pinned_pull_lines_are_generated_from_the_committed_report():
+    import json
+
+    from attnkit.release import docs
+
+    name = "docs/results/2026-12-01-release-rehearsal.json"
+    report = json.loads((ROOT / name).read_text())
+    usage = (ROOT / "docs" / "usage.md").read_text()
+    assert usage == docs.replace_block(usage, docs.pull_block(report, name)), (
+        "docs/usage.md's pinned docker pull block is stale: re-run the rehearsal with --docs docs/usage.md")
+    digest = report["pushed"]["digests"]["runtime"]
+    assert f"@{digest}`" in usage and digest.startswith("sha256:") and len(digest) == 71
+    # what the report must show: the gate moved the good image's tags to its digest, and none for the failing one
+    assert report["registry"]["tags"]["attnkit/attnkit"] == {"torch2.13-cpu": digest, "torch2.13-cpu-py311-runtime": digest}
+    assert list(report["registry"]["tags"]["smokefail/attnkit"]) == ["torch2.13-cpu-py311-runtime"]
+    assert report["failing_image"]["moved"] == {} and report["failing_image"]["smoke_exit"] != 0
+    with pytest.raises(ValueError, match="no generated-block markers"):
+        docs.replace_block("no markers here", "x")
+
+
+def test_the_build_job_pushes_no_moving_tag(matrix):
+    """images.yml's bake pushes the targets' tags: only the immutable ones, so a moving tag can only come from the gate."""
+    import json
+
+    from attnkit.matrix import emit
+    from attnkit.matrix.expand import all_cells
+
+    cells = all_cells(matrix)
+    bake = json.loads(emit.to_bake(matrix, cells))
+    pushed = {t for target in bake["target"].values() for t in target.get("tags", [])}
+    moving = {t for c in cells for ts in c.moving_tags.values() for t in ts}
+    assert pushed and moving and not pushed & moving
+    assert "ghcr.io/attnkit/attnkit:latest" in moving
