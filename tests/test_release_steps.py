@@ -151,3 +151,18 @@ def test_the_build_job_pushes_no_moving_tag(matrix):
     moving = {t for c in cells for ts in c.moving_tags.values() for t in ts}
     assert pushed and moving and not pushed & moving
     assert "ghcr.io/attnkit/attnkit:latest" in moving
+
+
+@pytest.mark.parametrize("args, needle", [
+    ([], "the following arguments are required: --report"),
+    (["--report", "/nonexistent-dir/r.json"], "--report /nonexistent-dir/r.json: its folder does not exist"),
+    (["--report", "REPORT", "--docs", "/nonexistent.md"], "--docs /nonexistent.md: cannot be read"),
+    (["--report", "REPORT", "--docs", "README.md"], "--docs README.md: no generated-block markers"),
+])
+def test_rehearsal_bad_input_is_one_line_before_any_work(args, needle, tmp_path):
+    args = [str(tmp_path / "r.json") if x == "REPORT" else x for x in args]
+    r = subprocess.run([sys.executable, "-m", "attnkit.release.rehearsal", *args], capture_output=True, text=True,
+                       cwd=ROOT, timeout=60)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], r.stderr
+    assert not (tmp_path / "r.json").exists()

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from attnkit._io import write_atomic
-from attnkit.errors import AttnkitError
+from attnkit.errors import AttnkitError, UsageError
 from attnkit.images.context import source_tree
 from attnkit.images.promote import MANIFEST_TYPES, SMOKE, pinned, registry_digest, run_inside, tags_for
 from attnkit.images.report import smoke_counts
@@ -452,13 +452,38 @@ def own_image_store(work: Path, log: Log, copy_base: bool = True) -> Iterator[No
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m attnkit.release.rehearsal", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    try:
+        return _main(argv)
+    except UsageError as exc:
+        print(f"attnkit: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _check_args(a: argparse.Namespace) -> None:
+    """Before five minutes of work: the outputs can be written, the doc has its markers."""
+    for opt, path in (("--report", a.report), ("--log", a.log)):
+        if path and not Path(path).resolve().parent.is_dir():
+            raise UsageError(f"{opt} {path}: its folder does not exist")
+    if a.docs:
+        try:
+            replace_block(Path(a.docs).read_text(encoding="utf-8"), "")
+        except OSError as exc:
+            raise UsageError(f"--docs {a.docs}: cannot be read ({exc.strerror or type(exc).__name__})") from None
+        except ValueError as exc:
+            raise UsageError(f"--docs {a.docs}: {exc}") from None
+
+
+def _main(argv: list[str] | None) -> int:
+    from attnkit.cli import _Parser
+
+    p = _Parser(prog="python -m attnkit.release.rehearsal", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--report", required=True, help="write the JSON report here")
     p.add_argument("--log", help="write the log here (default: the report's path with .log)")
     p.add_argument("--keep", action="store_true", help="keep the work folder (registry storage, site, venvs)")
     p.add_argument("--docs", help="regenerate this doc's pinned `docker pull` block from the report (docs/usage.md)")
     a = p.parse_args(argv)
+    _check_args(a)
     log_path = Path(a.log) if a.log else Path(a.report).with_suffix(".log")
     log = Log()
     work = Path(tempfile.mkdtemp(prefix="attnkit-rehearsal-"))
