@@ -166,3 +166,19 @@ def test_rehearsal_bad_input_is_one_line_before_any_work(args, needle, tmp_path)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], r.stderr
     assert not (tmp_path / "r.json").exists()
+
+
+def test_server_and_registry_logs_are_summarised():
+    from attnkit.release import rehearsal
+
+    lines = ['127.0.0.1 [01/Dec/2026 11:04:50] "GET /site/k/simple/attnkit-tinyext/ HTTP/1.1" 200 -',
+             '127.0.0.1 [01/Dec/2026 11:04:50] "GET /site/k/simple/torch/ HTTP/1.1" 404 -',
+             '127.0.0.1 [01/Dec/2026 11:04:50] "GET /site/k/simple/filelock/ HTTP/1.1" 404 -']
+    assert rehearsal.served(lines) == {"server_log": lines[:1], "not_on_our_index": ["filelock", "torch"]}
+    reg = ('127.0.0.1 - - [01/Dec/2026:11:00:01 +0000] "HEAD /v2/attnkit/attnkit/blobs/sha256:ab HTTP/1.1" 404 157 "" "x"\n'
+           '127.0.0.1 - - [01/Dec/2026:11:00:02 +0000] "PUT /v2/attnkit/attnkit/manifests/torch2.13-cpu HTTP/1.1" 201 0\n'
+           '127.0.0.1 - - [01/Dec/2026:11:00:03 +0000] "PUT /v2/smokefail/attnkit/manifests/t HTTP/1.1" 201 0\n')
+    assert rehearsal.registry_requests(reg) == {"HEAD blobs": 1, "PUT manifests": 2}
+    said = "Collecting x\nSuccessfully installed attnkit-tinyext-0.1.0 setuptools-84\n + torch==2.14.1\n + attnkit-tinyext==0.1.0\n"
+    assert rehearsal.installed_lines(said) == ["Successfully installed attnkit-tinyext-0.1.0 setuptools-84",
+                                               "+ attnkit-tinyext==0.1.0"]
