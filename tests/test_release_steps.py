@@ -134,6 +134,7 @@ def test_pinned_pull_lines_are_generated_from_the_committed_report():
     assert report["registry"]["tags"]["attnkit/attnkit"] == {"torch2.13-cpu": digest, "torch2.13-cpu-py311-runtime": digest}
     assert list(report["registry"]["tags"]["smokefail/attnkit"]) == ["torch2.13-cpu-py311-runtime"]
     assert report["failing_image"]["moved"] == {} and report["failing_image"]["smoke_exit"] != 0
+    assert len(report["checks"]) == 8 and all(report["checks"].values()), report["checks"]
     with pytest.raises(ValueError, match="no generated-block markers"):
         docs.replace_block("no markers here", "x")
 
@@ -182,3 +183,11 @@ def test_server_and_registry_logs_are_summarised():
     said = "Collecting x\nSuccessfully installed attnkit-tinyext-0.1.0 setuptools-84\n + torch==2.14.1\n + attnkit-tinyext==0.1.0\n"
     assert rehearsal.installed_lines(said) == ["Successfully installed attnkit-tinyext-0.1.0 setuptools-84",
                                                "+ attnkit-tinyext==0.1.0"]
+
+
+def test_a_failed_smoke_is_explained_by_its_cause_not_the_runner():
+    tail = ["nox > /opt/venv/bin/python -m attnkit.cli doctor",
+            "nox > Command /opt/venv/bin/python -m attnkit.cli doctor failed with exit code 1",
+            "nox > Session smoke failed.", "subprocess exited with status 1", "Error: exit status 1"]
+    assert promote._cause(tail) == tail[1]
+    assert promote._cause([]) == "no output"

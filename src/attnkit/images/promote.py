@@ -184,9 +184,17 @@ def point(tool: str, tested: str, tag: str, digest: str, tls_verify: bool) -> No
         raise AttnkitError(f"images promote: {tag} names {got} in the registry, not the smoke-tested {digest}")
 
 
+def _cause(tail: list[str]) -> str:
+    """The line that says what failed ('nox > Command ... doctor failed with exit code 1'), not the runner's
+    own 'Error: exit status 1'."""
+    for ln in reversed(tail):
+        if "failed with" in ln or ("error" in ln.lower() and "exit status" not in ln):
+            return ln[:200]
+    return (tail or ["no output"])[-1][:200]
+
+
 def promote(m: Matrix, cell: Cell, variants: list[str], *, tool: str, registry: str | None = None,
-            image: str | None = None, push_local: dict[str, str] | None = None, tls_verify: bool = True,
-            log: list[str] | None = None) -> Promotion:
+            image: str | None = None, push_local: dict[str, str] | None = None, tls_verify: bool = True) -> Promotion:
     """The gate (see the module's docstring). The smoke runs in the runtime image; its pass promotes every
     variant in `variants` (devel is runtime + build tools)."""
     if tool not in TOOLS:
@@ -210,14 +218,11 @@ def promote(m: Matrix, cell: Cell, variants: list[str], *, tool: str, registry: 
     r = run_inside(tool, rep.smoke_ref, SMOKE, gpus=cell.cuda is not None)
     rep.smoke_seconds = round(time.monotonic() - t0, 1)
     output = r.stdout + "\n" + r.stderr
-    if log is not None:
-        log.append(f"$ smoke in {rep.smoke_ref}\n{output.strip()}")
     rep.smoke_exit, rep.smoke_counts = r.returncode, smoke_counts(output)
-    rep.smoke_tail = [ln for ln in output.strip().splitlines() if ln.strip()][-6:]
+    rep.smoke_tail = [ln for ln in output.strip().splitlines() if ln.strip()][-10:]
     counts = rep.smoke_counts or {}
     if r.returncode != 0 or counts.get("failed", 0) or not counts.get("passed", 0):
-        rep.why_not = (f"smoke in {rep.smoke_ref} failed (exit {r.returncode}, counts {rep.smoke_counts}): "
-                       f"{(rep.smoke_tail or ['no output'])[-1][:200]}")
+        rep.why_not = f"smoke in {rep.smoke_ref} failed (exit {r.returncode}, counts {rep.smoke_counts}): {_cause(rep.smoke_tail)}"
         return rep
     for v in variants:
         tested = pinned(rep.immutable[v], rep.digests[v])

@@ -276,14 +276,15 @@ def user_image(log: Log, pull_tag: str, promoted: str) -> dict[str, Any]:
             "smoke": {"exit": sm.returncode, "counts": smoke_counts(sm.stdout + sm.stderr)}}
 
 
-def rehearse(work: Path, log: Log) -> dict[str, Any]:
+def rehearse(work: Path, log: Log, rep: dict[str, Any]) -> None:
+    """Run the rehearsal, filling `rep` as it goes (so a failure still leaves what was found)."""
     tree = source_tree()
     m = load_matrix(None)
     cell = find_cell(m, CELL)
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    rep: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} cores, {mem:.0f} GiB, no GPU",
+    rep.update({"date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} cores, {mem:.0f} GiB, no GPU",
                            "python": sys.version.split()[0], "cell": CELL, "wheel_cell": WHEEL_CELL,
-                           "cuda_cell": {"done": False, "why": CUDA_WHY}, "phases_seconds": {}}
+                           "cuda_cell": {"done": False, "why": CUDA_WHY}, "phases_seconds": {}})
     phases = rep["phases_seconds"]
 
     def phase(name: str, since: float) -> float:
@@ -348,9 +349,9 @@ def rehearse(work: Path, log: Log) -> dict[str, Any]:
                 expect=1, keep=12)
         bad = json.loads((work / "failing.json").read_text())
         t = phase("failing image: build + push + smoke (refused)", t)
-        repo_of = {registry_repo: naming.image_repo(registry_repo, m.publish.image),
-                   failing_registry: naming.image_repo(failing_registry, m.publish.image)}
-        state = registry_state(reg, [v.split("/", 1)[1] for v in repo_of.values()])
+        good_repo, bad_repo = (naming.image_repo(r_, m.publish.image).split("/", 1)[1]
+                               for r_ in (registry_repo, failing_registry))
+        state = registry_state(reg, [good_repo, bad_repo])
         rep["registry"] = {"address": reg, "software": _registry_version(), "tags": state}
         rep["pushed"] = {"immutable": good["immutable"], "digests": good["digests"], "moved": good["moved"],
                          "smoke_counts": good["smoke_counts"], "smoke_seconds": good["smoke_seconds"],
@@ -395,7 +396,25 @@ def rehearse(work: Path, log: Log) -> dict[str, Any]:
         phase("user: pip, uv, attnkit install", t)
         rep["uv_cache"] = UV_CACHE_NOTE
     rep["registry"]["requests"] = registry_requests((work / "registry" / "registry.log").read_text(errors="replace"))
-    return rep
+    digest = good["digests"]["runtime"]
+    imm_name, moving_names = immutable.rsplit(":", 1)[1], [t.rsplit(":", 1)[1] for t in moving]
+    wheel_url = built["wheel"].replace("+", "%2B")
+    rep["checks"] = checks = {
+        "the good image's moving tags name its smoke-tested digest":
+            bool(moving_names) and all(state[good_repo].get(t) == digest for t in [imm_name, *moving_names]),
+        "the failing image's repository holds its immutable tag only": list(state[bad_repo]) == [imm_name],
+        "the failing image's smoke failed and promote moved nothing": bad["smoke_exit"] != 0 and not bad["moved"],
+        "the user pulled the promoted digest": rep["user_image"]["digest_is_the_promoted_one"]
+            and rep["user_image"]["pulled_image_has_it"],
+        "the smoke passed in the pulled image": (rep["user_image"]["smoke"]["counts"] or {}).get("passed", 0) > 0
+            and not (rep["user_image"]["smoke"]["counts"] or {}).get("failed", 0),
+        **{f"{tool}: the wheel came from the site's release assets and its op ran":
+           any(wheel_url in ln and '" 200 ' in ln for ln in i["server_log"]) and "[0.0, 3.0, 6.0, 9.0]" in i["runs"]
+           for tool, i in installs.items()},
+    }
+    failed = [c for c, ok in checks.items() if not ok]
+    if failed:
+        raise AttnkitError(f"rehearsal: {len(failed)} check(s) failed: {'; '.join(failed)}")
 
 
 def registry_requests(log_text: str) -> dict[str, int]:
@@ -492,7 +511,7 @@ def _main(argv: list[str] | None) -> int:
     rc = 1
     try:
         with own_image_store(work, log):
-            rep = rehearse(work, log)
+            rehearse(work, log, rep)
         rc = 0
     except AttnkitError as exc:
         log.say(f"FAILED: {exc}")
