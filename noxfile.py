@@ -214,7 +214,7 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(python=PY, name="release-rehearsal")
 def release_rehearsal(session: nox.Session) -> None:
-    """Opt-in (about 6 min on 2 cores; not in .ci/run): the release path of one CPU cell end to end, with the
+    """Opt-in (5-9 min on 2 cores; not in .ci/run): the release path of one CPU cell end to end, with the
     same attnkit commands release.yml and images.yml run (src/attnkit/release/steps.py), against a real OCI
     registry (Debian's docker-registry) and the wheel site served over HTTP on 127.0.0.1: a test build of the
     tiny CUDA extension -> `attnkit index build --base-url` -> the CPU cell's image built with podman, pushed,
