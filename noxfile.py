@@ -225,3 +225,27 @@ def bench(session: nox.Session) -> None:
     env = _current_env(session)
     out = session.posargs[0] if session.posargs else _report_path("bench")
     session.run(sys.executable, "-m", "attnkit.cli", "bench", "--out", out, *session.posargs[1:], env=env)
+
+
+@nox.session(python=PY, name="release-rehearsal")
+def release_rehearsal(session: nox.Session) -> None:
+    """Opt-in (5-9 min on 2 cores; not in .ci/run): the release path of one CPU cell end to end, with the
+    same attnkit commands release.yml and images.yml run (src/attnkit/release/steps.py), against a real OCI
+    registry (Debian's docker-registry) and the wheel site served over HTTP on 127.0.0.1: a test build of the
+    tiny CUDA extension -> `attnkit index build --base-url` -> the CPU cell's image built with podman, pushed,
+    smoke-gated by `attnkit images promote` (and an image made to fail its smoke, which gets no moving tag) ->
+    the user's side (podman pull, doctor + smoke inside; pip, uv and `attnkit install` from the site).
+    `-- --report PATH --log PATH` (default: under ATTNKIT_REPORT_DIR / attnkit's cache). Needs root."""
+    import shutil
+
+    missing = [t for t in ("podman", "buildah", "debootstrap", "docker-registry") if shutil.which(t) is None]
+    if missing:
+        session.log(f"installing {', '.join(missing)} from Debian (needs root)")
+        session.run("apt-get", "update", "-qq", external=True)
+        session.run("apt-get", "install", "-y", "-qq", "podman", "buildah", "debootstrap", "runc", "docker-registry",
+                    external=True, env={"DEBIAN_FRONTEND": "noninteractive"})
+    session.install("-e", ".", TORCH_CUDA, "uv==0.13.9", *BUILD_DEPS)
+    args = list(session.posargs)
+    if "--report" not in args:
+        args += ["--report", _report_path("release-rehearsal", machine=False)]
+    session.run("python", "-m", "attnkit.release.rehearsal", *args, env={"PYTHONUNBUFFERED": "1"})

@@ -139,8 +139,10 @@ def test_release_chains_wheels_publish_pages_images():
     assert jobs["images"]["uses"] == "./.github/workflows/images.yml"
     assert jobs["publish"]["permissions"] == {"contents": "write"}
     img = load("images.yml")
-    assert img["jobs"]["gpu-smoke"]["runs-on"] == ["self-hosted", "gpu"]
-    assert img["jobs"]["promote"]["needs"] == ["plan", "gpu-smoke"]
+    gate = img["jobs"]["smoke-promote"]  # the smoke and the moving tags in one job: `attnkit images promote`
+    assert gate["runs-on"] == ["self-hosted", "gpu"] and gate["needs"] == ["plan", "build"]
+    assert gate["permissions"] == {"contents": "read", "packages": "write"}
+    assert "gpu-smoke" not in img["jobs"] and "promote" not in img["jobs"]
     assert os.path.basename(str(ROOT / "docker" / "docker-bake.hcl"))
 
 

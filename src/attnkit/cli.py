@@ -419,6 +419,32 @@ def _cmd_images_report(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_images_promote(a: argparse.Namespace) -> int:
+    from attnkit._io import write_atomic
+    from attnkit.images.promote import promote
+    from attnkit.matrix import load_matrix
+    from attnkit.matrix.expand import find_cell
+
+    m = load_matrix(a.file)
+    cell = find_cell(m, a.cell)
+    variants = a.variant or ["runtime", "devel"]
+    if a.push and len(variants) != 1:
+        raise UsageError("--push: give exactly one --variant with it (the local image is that variant's)")
+    rep = promote(m, cell, variants, tool=a.tool, registry=a.registry, image=a.image,
+                  push_local={variants[0]: a.push} if a.push else None, tls_verify=a.tls_verify == "true")
+    doc = json.dumps(rep.as_dict(), indent=1)
+    if a.report:
+        write_atomic(a.report, doc)
+    print(doc)
+    if not rep.promoted:
+        left = [t for ts in rep.moving_tags.values() for t in ts]
+        raise AttnkitError(f"images promote: {rep.why_not}; moving tags left where they were: {', '.join(left) or 'none'}")
+    moved = [t for ts in rep.moved.values() for t in ts]
+    print(f"promoted {cell.id}: smoke {rep.smoke_counts}; {', '.join(moved) or 'no moving tags for this cell'} -> "
+          f"{', '.join(sorted(set(rep.digests.values())))}", file=sys.stderr)
+    return 0
+
+
 def _default_site(a: argparse.Namespace) -> str:
     if a.index:
         return str(a.index)
@@ -725,6 +751,23 @@ def build_parser() -> argparse.ArgumentParser:
     irp.add_argument("--out", help="write the JSON report here")
     irp.add_argument("--logs", help="keep the build logs here")
     irp.set_defaults(func=_cmd_images_report)
+
+    ipr = imsub.add_parser("promote", help="the smoke gate: (push,) pull by digest, `nox -s smoke` inside, then point "
+                           "the cell's moving tags at exactly that digest; a failed smoke moves none (exit 1)")
+    ipr.add_argument("--cell", required=True)
+    ipr.add_argument("--variant", action="append", choices=("runtime", "devel"),
+                     help="repeatable (default: both); the smoke runs in the runtime image")
+    ipr.add_argument("--registry", help="default: matrix.yaml publish.registry (e.g. 127.0.0.1:5000/attnkit)")
+    ipr.add_argument("--image", help="repository name (default: matrix.yaml publish.image)")
+    ipr.add_argument("--tool", choices=("docker", "podman"), default="docker",
+                     help="docker (docker run, buildx imagetools) or podman (buildah run, chroot isolation)")
+    ipr.add_argument("--push", metavar="LOCAL_IMAGE", help="push this local image to the immutable tag first "
+                     "(CI's bake already pushed it)")
+    ipr.add_argument("--tls-verify", choices=("true", "false"), default="true",
+                     help="podman: false for a plain-HTTP registry on 127.0.0.1")
+    ipr.add_argument("--report", help="write the JSON report (tags, digests, smoke counts) here")
+    ipr.add_argument("--file")
+    ipr.set_defaults(func=_cmd_images_promote)
 
     for name, func, text in (("wheel-url", _cmd_wheel_url, "print the URL of the wheel that fits this environment "
                                                            "(and the pip / uv commands, on stderr)"),
