@@ -178,6 +178,12 @@ def smoke(session: nox.Session) -> None:
     report = session.posargs[0] if session.posargs else _report_path("smoke")
     session.run(sys.executable, "-m", "attnkit.cli", "smoke", "--report", report, *session.posargs[1:], env=env)
     session.log(f"smoke report: {report}")
+    gpus = session.run(sys.executable, "-c", "from attnkit.runtime.distributed import visible_gpus; "
+                       "print(visible_gpus())", env=env, silent=True)
+    if gpus and int(str(gpus).strip().splitlines()[-1]) > 1:  # a multi-GPU node: NCCL across every GPU too
+        dist_report = report.removesuffix(".json") + "-distributed.json"
+        session.run(sys.executable, "-m", "attnkit.cli", "smoke", "--distributed", "--report", dist_report, env=env)
+        session.log(f"distributed smoke report: {dist_report}")
 
 
 @nox.session(venv_backend="none")

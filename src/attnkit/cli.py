@@ -117,6 +117,12 @@ def _cmd_bench(a: argparse.Namespace) -> int:
 
 
 def _cmd_smoke(a: argparse.Namespace) -> int:
+    if a.distributed:
+        if a.backend or a.case:
+            raise UsageError("--distributed: runs its own checks; --backend / --case are for the one-process smoke")
+        from attnkit.runtime.distributed import run_distributed
+
+        return run_distributed(nproc=a.nproc, timeout_s=a.timeout, max_bytes=a.max_bytes, report=a.report)
     from attnkit.runtime.smoke import run_smoke
 
     return run_smoke(report=a.report, backends=a.backend, cases=a.case)
@@ -579,6 +585,13 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--report", help="write the JSON report here")
     sm.add_argument("--backend", action="append", help="only this backend ('attnkit': attention() itself); repeatable")
     sm.add_argument("--case", action="append", help="only this case; repeatable")
+    sm.add_argument("--distributed", action="store_true", help="one process per GPU (torch.distributed.run): NCCL "
+                    "collectives checked and timed, attention on each GPU, a DDP step (gloo ranks on a CPU)")
+    sm.add_argument("--nproc", type=_positive_int, help="--distributed: ranks (default: one per GPU, else 1)")
+    sm.add_argument("--timeout", type=_seconds_arg, default=120.0, help="--distributed: seconds a collective may take "
+                                                                         "before it counts as hung (120)")
+    sm.add_argument("--max-bytes", type=_positive_int, help="--distributed: the largest collective (default 1 GiB on "
+                                                            "GPUs, 4 MiB on the CPU)")
     sm.set_defaults(func=_cmd_smoke)
 
     orc = sub.add_parser("oracle", help="flash-attn's own test grid against attention() and every backend forced")
