@@ -54,7 +54,7 @@ def ops() -> Any:
         out, lse, *_ = _flash_attn_fwd(
             q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
             max_seqlen_q=max_seqlen_q if varlen else None, max_seqlen_k=max_seqlen_k if varlen else None,
-            softmax_scale=softmax_scale, causal=causal, softcap=softcap or None,
+            softmax_scale=softmax_scale, causal=causal, softcap=softcap,  # as FlashAttnFunc passes it (0.0 = off)
             window_size_left=_window(window_left), window_size_right=_window(window_right), return_lse=True)
         return out, lse
 
