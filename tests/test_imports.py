@@ -11,7 +11,6 @@ from pathlib import Path
 import attnkit
 
 
-
 def _modules() -> list[str]:
     root = Path(attnkit.__file__).parent
     return sorted(m.name for m in pkgutil.walk_packages([str(root)], prefix="attnkit.")
