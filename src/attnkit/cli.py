@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from attnkit._io import WriteError, write_atomic
-from attnkit.errors import AttnkitError, UsageError
+from attnkit.errors import AttnkitError, UsageError, first_line
 
 FORMATS = ("table", "json", "github", "bake", "markdown")
 
@@ -836,6 +836,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except (AttnkitError, WriteError) as exc:
         print(f"attnkit: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # the machine refused (a path too long, a full disk, no permission): one line, no traceback
+        where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
+        print(f"attnkit: error: {str(where)[:300]}{exc.strerror or first_line(exc)}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         return 0

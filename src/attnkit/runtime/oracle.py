@@ -86,10 +86,14 @@ def load_reference(path: str) -> dict[str, Any]:
     import torch
 
     p = Path(path)
-    if p.is_dir():
-        p = p / "tests" / "test_flash_attn.py"
-    if not p.is_file():
-        raise UsageError(f"--tests: {path}: no such file; give flash-attention's tests/test_flash_attn.py "
+    try:
+        if p.is_dir():
+            p = p / "tests" / "test_flash_attn.py"
+        found = p.is_file()
+    except OSError as exc:  # a name too long for the file system, ...
+        raise UsageError(f"--tests: {path[:200]}: {exc.strerror or exc}") from None
+    if not found:
+        raise UsageError(f"--tests: {path[:200]}: no such file; give flash-attention's tests/test_flash_attn.py "
                          "(or a checkout that holds it)")
     try:
         import einops
