@@ -113,6 +113,7 @@ OPTION_CASES = [
     (["wheels", "plan", "--cell", CELL, "--package", "flash-attn", "--shards", "x"], 2, "--shards", ">= 1"),
     (["warmup", "--model", "config.json", "--seqlen", "0"], 2, "--seqlen", ">= 1"),
     (["oracle", "--tests", "9" * 400], 2, "--tests", "File name too long"),  # found by the command-line fuzz
+    (["matrix", "--file", "a\nb"], 1, "'a\\nb'", "no such file"),  # a newline in a name: still one line (fuzz)
     (["warmup", "--model", "config.json", "--batch", "-1"], 2, "--batch", ">= 1"),
     # not weakened: a combination of known values that the facts refuse is still a failure, exit 1
     (["matrix", "--torch", "2.8", "--cuda", "13.0"], 1, "--torch/--cuda/--python", "does not ship CUDA 13.0"),

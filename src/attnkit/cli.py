@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from attnkit._io import WriteError, write_atomic
-from attnkit.errors import AttnkitError, UsageError, first_line
+from attnkit.errors import AttnkitError, UsageError, first_line, shown
 
 FORMATS = ("table", "json", "github", "bake", "markdown")
 
@@ -838,8 +838,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"attnkit: error: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:  # the machine refused (a path too long, a full disk, no permission): one line, no traceback
-        where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
-        print(f"attnkit: error: {str(where)[:300]}{exc.strerror or first_line(exc)}", file=sys.stderr)
+        where = f"{shown(exc.filename)[:300]}: " if getattr(exc, "filename", None) else ""
+        print(f"attnkit: error: {where}{exc.strerror or first_line(exc)}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         return 0

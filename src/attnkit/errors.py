@@ -37,6 +37,13 @@ def torch_import_failure(error: str) -> str:
     return f"torch is installed but does not import: {first}"
 
 
+def shown(name: object) -> str:
+    """A user-given name (a path, a value) as it can be shown inside one line: as it is, or repr()'d when it
+    holds a newline or another character that is not printable."""
+    text = str(name)
+    return text if text.isprintable() else repr(text)
+
+
 def first_line(text: object, limit: int = 200) -> str:
     """The first non-empty line of a message (an exception's str), cut to `limit`: errors stay one line."""
     return next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")[:limit]

@@ -11,7 +11,7 @@ import yaml
 from pydantic import ValidationError
 
 from attnkit import data
-from attnkit.errors import AttnkitError
+from attnkit.errors import AttnkitError, shown
 from attnkit.matrix.schema import Matrix, problems
 
 Path_ = tuple[str | int, ...]
@@ -208,12 +208,13 @@ def _cell_problems(m: Matrix) -> list[tuple[Path_, str]]:
 def load_matrix(path: str | Path | None = None) -> Matrix:
     """Load and validate a matrix file (default: $ATTNKIT_MATRIX, else the packaged matrix.yaml)."""
     p = Path(path) if path is not None else default_matrix_path()
+    name = shown(p)
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise AttnkitError(f"{p}: no such file; pass --file PATH to a matrix.yaml") from None
+        raise AttnkitError(f"{name}: no such file; pass --file PATH to a matrix.yaml") from None
     except IsADirectoryError:
-        raise AttnkitError(f"{p}: is a directory; pass --file PATH to a matrix.yaml") from None
+        raise AttnkitError(f"{name}: is a directory; pass --file PATH to a matrix.yaml") from None
     except UnicodeDecodeError:
-        raise AttnkitError(f"{p}: not UTF-8 text; matrix.yaml must be a UTF-8 YAML file") from None
-    return parse_matrix(text, str(p))
+        raise AttnkitError(f"{name}: not UTF-8 text; matrix.yaml must be a UTF-8 YAML file") from None
+    return parse_matrix(text, name)
