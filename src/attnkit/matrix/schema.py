@@ -182,12 +182,18 @@ class Package(_Strict):
     import_name: str
     extension: str
     sdist: Sdist
-    wheel_tag: Literal["cpython", "py39-none"]
+    wheel_tag: Literal["cpython", "py39-none", "abi3"]
     archs: list[PackageArch] | Literal["torch"]
     limits: PackageLimits
     source: str
     # compile jobs per wheel in CI: wheels.yml runs this many shard jobs, then one link job (wheels/shards.py)
     shards: int = Field(default=1, ge=1, le=64)
+    # "cell": built against one torch's C++ ABI, one wheel per torch x CUDA major (x Python for cpython tags).
+    # "stable": built against torch's stable C ABI (TORCH_TARGET_VERSION = limits.min_torch) as a CPython
+    # limited-API extension (wheel_tag abi3 from min_python): ONE wheel per CUDA major and arch set serves every
+    # torch >= limits.min_torch and every Python >= min_python (naming.stable_wheel_filename)
+    abi: Literal["cell", "stable"] = "cell"
+    min_python: MinorVersion | None = None  # abi: stable only: the oldest CPython of its limited API (cp39-abi3)
 
 
 class PypiPackage(_Strict):
@@ -241,7 +247,7 @@ class Matrix(_Strict):
     torch: dict[MinorVersion, TorchRelease] = Field(min_length=1)
     cuda: dict[MinorVersion, CudaToolkit] = Field(min_length=1)
     cpu: CpuSection
-    packages: dict[Literal["flash-attn", "xformers"], Package]
+    packages: dict[Literal["flash-attn", "xformers", "flash-attn-3"], Package]
     pypi_packages: dict[Literal["flash-attn-4"], PypiPackage] = Field(default_factory=dict)
     publish: Publish
     build: BuildRules
@@ -311,6 +317,25 @@ def _repeats(loc: tuple[str | int, ...], items: Sequence[str]) -> list[Problem]:
     return out
 
 
+def _abi_problems(name: str, pkg: Package) -> list[Problem]:
+    """A stable-ABI package is an abi3 wheel with a Python floor; a per-cell one is neither."""
+    loc = ("packages", name)
+    if pkg.abi == "stable":
+        out: list[Problem] = []
+        if pkg.wheel_tag != "abi3":
+            out.append(((*loc, "wheel_tag"), f"{pkg.wheel_tag!r}: a package with abi: stable is a limited-API wheel; "
+                                             "allowed: 'abi3'"))
+        if pkg.min_python is None:
+            out.append(((*loc, "abi"), "abi: stable needs min_python (the oldest CPython of its abi3 tag, e.g. '3.9')"))
+        return out
+    if pkg.wheel_tag == "abi3":
+        return [((*loc, "wheel_tag"), "'abi3' is for abi: stable packages (one wheel for every torch >= "
+                                      "limits.min_torch); allowed without abi: stable: 'cpython', 'py39-none'")]
+    if pkg.min_python is not None:
+        return [((*loc, "min_python"), "only for abi: stable packages (their abi3 floor); remove it")]
+    return []
+
+
 def problems(m: Matrix) -> list[Problem]:
     """Every fact that spans fields, checked ONCE, by the loader, which names the line of each: releases and
     their CUDAs are described, and every cell the build rules name (include, cpu, reference) is one that
@@ -332,6 +357,8 @@ def problems(m: Matrix) -> list[Problem]:
                     known = ", ".join(sorted(m.cuda, key=vkey))
                     out.append((("torch", minor, "cuda", field_name, i),
                                 f"CUDA {cuda} has no entry under cuda: (described: {known})"))
+    for pname, pkg in m.packages.items():
+        out += _abi_problems(pname, pkg)
     for name, pp in m.pypi_packages.items():
         for label, reqs in pp.requires.items():
             pins = [_exact_pin(r) for r in reqs]

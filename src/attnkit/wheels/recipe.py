@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, field_validator, model_validator
 
 from attnkit import data
 from attnkit.errors import AttnkitError
+from attnkit.matrix import naming
 from attnkit.matrix.expand import Cell
 from attnkit.matrix.schema import Matrix
 
@@ -36,6 +37,19 @@ class LocalSource(_Strict):
     path: str  # relative to the recipe file
     version: str
     archs: list[str] = Field(min_length=1)  # TORCH_CUDA_ARCH_LIST entries ("8.0", "9.0+PTX")
+    # as matrix.yaml's packages.<name>.abi: "stable" builds one abi3 wheel for torch >= min_torch, Python >= min_python
+    abi: Literal["cell", "stable"] = "cell"
+    min_torch: str | None = Field(default=None, pattern=r"^[0-9]{1,4}\.[0-9]{1,4}$")
+    min_python: str | None = Field(default=None, pattern=r"^3\.[0-9]{1,3}$")
+
+    @model_validator(mode="after")
+    def _stable_floors(self) -> LocalSource:
+        if self.abi == "stable" and (self.min_torch is None or self.min_python is None):
+            raise ValueError("abi 'stable' needs min_torch (its TORCH_TARGET_VERSION, e.g. '2.9') and min_python "
+                             "(its abi3 floor, e.g. '3.9')")
+        if self.abi == "cell" and (self.min_torch is not None or self.min_python is not None):
+            raise ValueError("min_torch and min_python are for abi 'stable' only")
+        return self
 
 
 class BuildKnobs(_Strict):
@@ -161,6 +175,31 @@ class BuildSpec:
     wheel_tag: str = "cpython"
     toolkit_pypi: str | None = None  # pip version spec of the CUDA toolkit wheels ("13.0.*")
     arch_subset: str | None = None  # set by restrict(): a test build for fewer archs, named '.sm90'
+    abi: str = "cell"  # "stable": torch's stable C ABI + abi3 (matrix.yaml packages.<name>.abi)
+    min_torch: str | None = None  # abi "stable": the torch floor (TORCH_TARGET_VERSION)
+    min_python: str | None = None  # abi "stable": the abi3 floor
+
+    def wheel_filename(self, machine: str) -> str:
+        """The published name of this build (computed by the naming module, the only place names are made)."""
+        cell = self.cell
+        assert cell.cuda is not None
+        if self.abi == "stable":
+            assert self.min_torch is not None and self.min_python is not None
+            return naming.stable_wheel_filename(self.package, self.version, cuda=cell.cuda, min_torch=self.min_torch,
+                                                min_python=self.min_python, archs=[str(a.sm) for a in self.archs],
+                                                machine=machine)
+        return naming.wheel_filename(self.package, self.version, cuda=cell.cuda, torch=cell.torch,
+                                     cxx11_abi=cell.cxx11_abi, python=cell.python, wheel_tag=self.wheel_tag,
+                                     arch_subset=self.arch_subset, machine=machine)
+
+    def torch_requirement(self) -> str:
+        """What the wheel's METADATA requires of torch: the cell's minor (a C++-ABI build), or the floor of a
+        stable-ABI build ('torch>=2.9')."""
+        from attnkit.wheels.retag import torch_pin
+
+        if self.abi == "stable":
+            return f"torch>={self.min_torch}"
+        return torch_pin(self.cell.torch)
 
 
 def restrict(spec: BuildSpec, archs: str) -> BuildSpec:
@@ -186,19 +225,30 @@ def resolve(m: Matrix, cell: Cell, recipe: Recipe, recipe_path: Path) -> BuildSp
         raise AttnkitError(f"--cell {cell.id}: a CPU cell has no CUDA toolkit; wheels are built for CUDA cells")
     if isinstance(recipe.source, LocalSource):
         src = (recipe_path.parent / recipe.source.path).resolve()
-        return BuildSpec(recipe.name, recipe.source.version, cell, recipe, recipe_path,
-                         tuple(parse_arch(a) for a in recipe.source.archs), None, None, src,
-                         toolkit_pypi=m.cuda[cell.cuda].toolkit_pypi)
+        ls = recipe.source
+        if ls.abi == "stable":
+            assert ls.min_torch is not None
+            from attnkit.matrix.schema import vkey
+
+            if vkey(cell.torch) < vkey(ls.min_torch):
+                raise AttnkitError(f"--cell {cell.id}: {recipe.name} is a stable-ABI build for torch >= "
+                                   f"{ls.min_torch} ({recipe_path}: source.min_torch); pick a cell of such a torch")
+        return BuildSpec(recipe.name, ls.version, cell, recipe, recipe_path,
+                         tuple(parse_arch(a) for a in ls.archs), None, None, src,
+                         wheel_tag="abi3" if ls.abi == "stable" else "cpython",
+                         toolkit_pypi=m.cuda[cell.cuda].toolkit_pypi, abi=ls.abi, min_torch=ls.min_torch,
+                         min_python=ls.min_python)
     pkg = m.packages.get(recipe.name)  # type: ignore[call-overload]
     build = cell.package(recipe.name)
     if pkg is None or build is None:
         from attnkit.matrix.expand import package_reasons
 
-        why = package_reasons(recipe.name, pkg, cell.torch, cell.cuda) if pkg else ["not in matrix.yaml"]
+        why = package_reasons(recipe.name, pkg, cell.torch, cell.cuda, cell.python) if pkg else ["not in matrix.yaml"]
         raise AttnkitError(f"--cell {cell.id}: {recipe.name} is not built for this cell ({'; '.join(why)})")
     if build.built_in != cell.id:
         raise AttnkitError(f"--cell {cell.id}: its {recipe.name} wheel ({build.wheel}) is shared and built in cell "
                            f"{build.built_in}; use --cell {build.built_in}")
     return BuildSpec(recipe.name, pkg.version, cell, recipe, recipe_path,
                      tuple(parse_arch(a) for a in build.archs), pkg.sdist.url, pkg.sdist.sha256, None,
-                     wheel_tag=pkg.wheel_tag, toolkit_pypi=m.cuda[cell.cuda].toolkit_pypi)
+                     wheel_tag=pkg.wheel_tag, toolkit_pypi=m.cuda[cell.cuda].toolkit_pypi, abi=pkg.abi,
+                     min_torch=pkg.limits.min_torch if pkg.abi == "stable" else None, min_python=pkg.min_python)
