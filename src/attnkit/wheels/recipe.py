@@ -125,8 +125,12 @@ def load_recipe(package: str | None = None, path: str | Path | None = None) -> t
     try:
         recipe = Recipe.model_validate(doc)
     except ValidationError as exc:
-        e = exc.errors(include_url=False)[0]
-        loc = ".".join(str(x) for x in e["loc"])
+        errors = exc.errors(include_url=False)
+        if isinstance(doc.get("source"), dict):  # a local source: its own errors, not the "matrix" literal's
+            errors = [x for x in errors if x["loc"][:2] != ("source", "literal['matrix']")] or errors
+        e = errors[0]
+        # a union member's tag ('LocalSource', 'function-after[...]') is pydantic's, not a key of the file
+        loc = ".".join(str(x) for x in e["loc"] if x != "LocalSource" and not str(x).startswith("function-"))
         raise AttnkitError(f"{p}: {loc}: {e['msg']}") from None
     if package is not None and recipe.name != package:
         raise AttnkitError(f"{p}: name {recipe.name!r} does not match --package {package!r}")

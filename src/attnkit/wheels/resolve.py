@@ -128,14 +128,15 @@ def choose(cands: list[Candidate], env: PyEnv, project: str, stable: list[Candid
     if fits:
         return max(fits, key=lambda c: (c.version, -(best_tag(c) or 0)))
     pool = {c.filename: c for c in [*(stable or []), *cands] if naming.parse_stable_local(c.local) is not None}
-    serving = [c for c in pool.values() if naming.stable_serves(c.local, key) and best_tag(c) is not None]
+    by_torch = [c for c in pool.values() if naming.stable_serves(c.local, key)]
+    serving = [c for c in by_torch if best_tag(c) is not None]
     if serving:
         return max(serving, key=lambda c: (len((naming.parse_stable_local(c.local) or ("", "", ()))[2]), c.version,
                                            -(best_tag(c) or 0)))
     assert mine is not None
     below = [c for c in pool.values() if (naming.parse_stable_local(c.local) or ("",))[0] == mine[0]
              and not naming.stable_serves(c.local, key)]
-    if below and not [c for c in cands if naming.parse_local_version(c.local) is not None]:
+    if below and not by_torch and not [c for c in cands if naming.parse_local_version(c.local) is not None]:
         c = min(below, key=lambda c: c.filename)
         floor = (naming.parse_stable_local(c.local) or ("", "?"))[1]
         raise AttnkitError(f"{project}: its stable-ABI wheel {c.filename} needs torch >= {floor}; this environment "
