@@ -197,7 +197,7 @@ def _cmd_warmup(a: argparse.Namespace) -> int:
     return run_warmup(shapes, report=a.report, dry_run=a.dry_run, as_json=a.json)
 
 
-def _spec(a: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _spec(a: argparse.Namespace, plan: bool = False):  # type: ignore[no-untyped-def]
     from attnkit.matrix import load_matrix
     from attnkit.matrix.expand import find_cell
     from attnkit.wheels.recipe import load_recipe, resolve
@@ -205,7 +205,7 @@ def _spec(a: argparse.Namespace):  # type: ignore[no-untyped-def]
     m = load_matrix(a.file)
     cell = find_cell(m, a.cell)
     recipe, path = load_recipe(a.package, a.recipe)
-    spec = resolve(m, cell, recipe, path)
+    spec = resolve(m, cell, recipe, path, shared_ok=plan)
     if getattr(a, "archs", None):
         from attnkit.wheels.recipe import restrict
 
@@ -241,7 +241,7 @@ def _cmd_wheels_plan(a: argparse.Namespace) -> int:
 
     if a.shards < 1:
         raise UsageError(f"--shards: must be >= 1, got {a.shards}")
-    spec = _spec(a)
+    spec = _spec(a, plan=True)  # any cell that carries the package: its units are the same
     rep = build_wheel(spec, Path("."), python=a.python, build_dir=Path(a.build_dir) if a.build_dir else None,
                       toolkit=a.toolkit, jobs=a.jobs, plan_only=True)
     assert rep.shard is not None

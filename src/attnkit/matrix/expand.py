@@ -110,14 +110,16 @@ def _stable_builds(m: Matrix, triples: list[tuple[str, str | None, str]]
                    ) -> dict[tuple[str, str], tuple[str, tuple[str, str, str]]]:
     """(package, CUDA major label) -> (wheel file name, the (torch, cuda, python) that builds it), for the
     stable-ABI packages: ONE wheel per CUDA major serves every cell of that major whose torch and Python are
-    at or above the package's floors. Its builder: the newest toolkit of that major (the most archs, as for
-    shared per-cell wheels), then the newest torch (its headers honour TORCH_TARGET_VERSION; the wheel needs
-    only the floor), then the reference cell's Python. The arch set in the name is the builder's."""
-    ref_py = m.reference_cell.python
+    at or above the package's floors. Its builder: a cell whose toolkit gives the most archs; among those the
+    reference cell's torch and CUDA (the machine we test on builds what it tests: any torch at or above the
+    floor builds the same stable-ABI wheel), else the newest toolkit, then the newest torch; then the reference
+    cell's Python. The arch set in the name is the builder's."""
+    ref = m.reference_cell
     best: dict[tuple[str, str], tuple[str, str, str]] = {}
 
-    def rank(t: tuple[str, str, str]) -> tuple[object, ...]:
-        return (vkey(t[1]), vkey(t[0]), t[2] == ref_py, vkey(t[2]))
+    def rank(pkg: Package, t: tuple[str, str, str]) -> tuple[object, ...]:
+        return (len(_package_archs(m, pkg, t[1])), (t[0], t[1]) == (ref.torch, ref.cuda), vkey(t[1]), vkey(t[0]), t[2] == ref.python,
+                vkey(t[2]))
 
     for torch, cuda, python in triples:
         if cuda is None:
@@ -126,7 +128,7 @@ def _stable_builds(m: Matrix, triples: list[tuple[str, str | None, str]]
             if pkg.abi != "stable" or package_reasons(name, pkg, torch, cuda, python):
                 continue
             k = (name, naming.cuda_label(cuda))
-            if k not in best or rank((torch, cuda, python)) > rank(best[k]):
+            if k not in best or rank(pkg, (torch, cuda, python)) > rank(pkg, best[k]):
                 best[k] = (torch, cuda, python)
     out = {}
     for (name, label), (bt, bc, bp) in best.items():

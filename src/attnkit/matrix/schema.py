@@ -166,6 +166,42 @@ class Sdist(_Strict):
     sha256: Sha256
 
 
+_COMMIT_RE = re.compile(r"[0-9a-f]{40}\Z", re.ASCII)
+_REL_PATH_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/-]{0,199}\Z", re.ASCII)
+
+
+def _commit(value: str) -> str:
+    if not _COMMIT_RE.match(value):
+        raise ValueError(f"{value[:80]!r} is not a git commit (40 lowercase hex digits; a tag or branch can move)")
+    return value
+
+
+def _rel_path(value: str) -> str:
+    if not _REL_PATH_RE.match(value) or ".." in value.split("/"):
+        raise ValueError(f"{value[:80]!r} is not a path inside the repository (letters, digits, '._-/', no '..')")
+    return value
+
+
+GitCommit = Annotated[str, AfterValidator(_commit)]
+RepoPath = Annotated[str, AfterValidator(_rel_path)]
+
+
+class GitSubmodule(_Strict):
+    url: Url = Field(pattern=r"^https://")
+    commit: GitCommit  # must be the commit the superproject's tree records for this path (checked when fetched)
+    paths: list[RepoPath] = Field(default_factory=list)  # what of it the build reads (empty: everything)
+
+
+class GitSource(_Strict):
+    """A source pinned by commit where no sdist is published (FlashAttention-3: hopper/ of flash-attention)."""
+
+    url: Url = Field(pattern=r"^https://")
+    commit: GitCommit
+    subdir: RepoPath | None = None  # the folder with setup.py
+    paths: list[RepoPath] = Field(default_factory=list)  # what of the tree the build reads (empty: everything)
+    submodules: dict[RepoPath, GitSubmodule] = Field(default_factory=dict)
+
+
 class PackageArch(_Strict):
     sm: SmNumber
     min_cuda: MinorVersion
@@ -181,7 +217,8 @@ class Package(_Strict):
     version: ReleaseVersion
     import_name: str
     extension: str
-    sdist: Sdist
+    sdist: Sdist | None = None  # the published sdist, or, where there is none,
+    git: GitSource | None = None  # a commit of the repository (exactly one of the two)
     wheel_tag: Literal["cpython", "py39-none", "abi3"]
     archs: list[PackageArch] | Literal["torch"]
     limits: PackageLimits
@@ -320,6 +357,8 @@ def _repeats(loc: tuple[str | int, ...], items: Sequence[str]) -> list[Problem]:
 def _abi_problems(name: str, pkg: Package) -> list[Problem]:
     """A stable-ABI package is an abi3 wheel with a Python floor; a per-cell one is neither."""
     loc = ("packages", name)
+    if (pkg.sdist is None) == (pkg.git is None):
+        return [(loc, "give its source as sdist (url, sha256) or git (url, commit), exactly one of the two")]
     if pkg.abi == "stable":
         out: list[Problem] = []
         if pkg.wheel_tag != "abi3":

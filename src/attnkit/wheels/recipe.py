@@ -19,14 +19,16 @@ from attnkit import data
 from attnkit.errors import AttnkitError
 from attnkit.matrix import naming
 from attnkit.matrix.expand import Cell
-from attnkit.matrix.schema import Matrix
+from attnkit.matrix.schema import GitSource, Matrix
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-ArchFormat = Literal["sm-semicolon", "dotted-semicolon"]
+# sm-semicolon "80;90" (flash-attn 2), dotted-semicolon "8.0;9.0" (TORCH_CUDA_ARCH_LIST); disable-sm80: FlashAttention-3's
+# hopper/setup.py always compiles sm_90a and adds its _sm80.cu units unless FLASH_ATTENTION_DISABLE_SM80=TRUE
+ArchFormat = Literal["sm-semicolon", "dotted-semicolon", "disable-sm80"]
 
 
 class _Strict(BaseModel):
@@ -99,6 +101,8 @@ class Recipe(_Strict):
     import_modules: list[str] = Field(default_factory=list)
     build: BuildKnobs
     patches: list[SourcePatch] = Field(default_factory=list)
+    # build switches a test build may set (`wheels build --option NAME=VALUE`), each with what it leaves out
+    options: dict[str, str] = Field(default_factory=dict)
 
     def patches_for(self, torch_version: str) -> list[SourcePatch]:
         return [pt for pt in self.patches if SpecifierSet(pt.torch).contains(torch_version, prereleases=True)]
@@ -156,6 +160,12 @@ def parse_arch(entry: str) -> Arch:
 
 
 def format_archs(archs: list[Arch], fmt: ArchFormat) -> str:
+    if fmt == "disable-sm80":
+        sms = sorted(a.sm for a in archs)
+        if 90 not in sms or not set(sms) <= {80, 90}:
+            raise AttnkitError(f"archs {';'.join(map(str, sms))}: this package builds sm_90 always and sm_80 "
+                               "optionally (FLASH_ATTENTION_DISABLE_SM80); allowed: 90, or 80;90")
+        return "FALSE" if 80 in sms else "TRUE"
     if fmt == "sm-semicolon":
         return ";".join(str(a.sm) for a in archs)
     return ";".join(f"{a.sm // 10}.{a.sm % 10}" + ("+PTX" if a.ptx else "") for a in archs)
@@ -182,6 +192,7 @@ class BuildSpec:
     abi: str = "cell"  # "stable": torch's stable C ABI + abi3 (matrix.yaml packages.<name>.abi)
     min_torch: str | None = None  # abi "stable": the torch floor (TORCH_TARGET_VERSION)
     min_python: str | None = None  # abi "stable": the abi3 floor
+    git: GitSource | None = None  # a source pinned by commit (matrix.yaml packages.<name>.git), where no sdist is
 
     def wheel_filename(self, machine: str) -> str:
         """The published name of this build (computed by the naming module, the only place names are made)."""
@@ -224,7 +235,8 @@ def restrict(spec: BuildSpec, archs: str) -> BuildSpec:
     return dataclasses.replace(spec, archs=chosen, arch_subset="".join(f"sm{a.sm}" for a in chosen))
 
 
-def resolve(m: Matrix, cell: Cell, recipe: Recipe, recipe_path: Path) -> BuildSpec:
+def resolve(m: Matrix, cell: Cell, recipe: Recipe, recipe_path: Path, shared_ok: bool = False) -> BuildSpec:
+    """`shared_ok`: a cell whose wheel another cell builds is accepted (a plan lists the same units anywhere)."""
     if cell.cuda is None:
         raise AttnkitError(f"--cell {cell.id}: a CPU cell has no CUDA toolkit; wheels are built for CUDA cells")
     if isinstance(recipe.source, LocalSource):
@@ -249,10 +261,11 @@ def resolve(m: Matrix, cell: Cell, recipe: Recipe, recipe_path: Path) -> BuildSp
 
         why = package_reasons(recipe.name, pkg, cell.torch, cell.cuda, cell.python) if pkg else ["not in matrix.yaml"]
         raise AttnkitError(f"--cell {cell.id}: {recipe.name} is not built for this cell ({'; '.join(why)})")
-    if build.built_in != cell.id:
+    if build.built_in != cell.id and not shared_ok:
         raise AttnkitError(f"--cell {cell.id}: its {recipe.name} wheel ({build.wheel}) is shared and built in cell "
                            f"{build.built_in}; use --cell {build.built_in}")
     return BuildSpec(recipe.name, pkg.version, cell, recipe, recipe_path,
-                     tuple(parse_arch(a) for a in build.archs), pkg.sdist.url, pkg.sdist.sha256, None,
+                     tuple(parse_arch(a) for a in build.archs), pkg.sdist.url if pkg.sdist else None,
+                     pkg.sdist.sha256 if pkg.sdist else None, None, git=pkg.git,
                      wheel_tag=pkg.wheel_tag, toolkit_pypi=m.cuda[cell.cuda].toolkit_pypi, abi=pkg.abi,
                      min_torch=pkg.limits.min_torch if pkg.abi == "stable" else None, min_python=pkg.min_python)
