@@ -206,6 +206,10 @@ def _spec(a: argparse.Namespace, plan: bool = False):  # type: ignore[no-untyped
     cell = find_cell(m, a.cell)
     recipe, path = load_recipe(a.package, a.recipe)
     spec = resolve(m, cell, recipe, path, shared_ok=plan)
+    if getattr(a, "option", None):
+        from attnkit.wheels.recipe import with_options
+
+        spec = with_options(spec, a.option)
     if getattr(a, "archs", None):
         from attnkit.wheels.recipe import restrict
 
@@ -613,6 +617,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--toolkit", default="auto", help="auto (CUDA_HOME, /usr/local/cuda, PATH), pypi, or a path")
         sp.add_argument("--jobs", type=_positive_int, help="parallel compile jobs (default: from cores and memory)")
         sp.add_argument("--archs", help="a test build for a subset of the cell's archs, e.g. 90 (wheel marked .sm90)")
+        sp.add_argument("--option", action="append", metavar="NAME=VALUE",
+                        help="a recipe option (its [options], e.g. FLASH_ATTENTION_DISABLE_FP8=TRUE): a trimmed test "
+                             "build, its wheel marked .trim<hash> (repeatable)")
         sp.add_argument("--costs", action="append", metavar="FILE",
                         help="measured seconds per unit to balance shards by: {source: seconds}, or shard "
                              "reports (repeat it to merge several; a later file wins)")
@@ -638,6 +645,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("wheel")
         cell_args(sp)
         sp.add_argument("--archs", help="a test build made with `wheels build --archs` (a subset of the cell's)")
+        sp.add_argument("--option", action="append", metavar="NAME=VALUE", help="as for `wheels build`")
         also_python(sp)
 
     wv = wsub.add_parser("verify", help="verify a wheel for a cell (archs, import, torch pin, auditwheel)")

@@ -119,13 +119,26 @@ def arch_token(arch: str | int) -> str:
     raise ValueError(f"arch {text!r}: expected '9.0', '9.0+PTX' or '90'")
 
 
-def stable_local_version(cuda: str, min_torch: str, archs: list[str] | tuple[str, ...]) -> str:
+def options_marker(options: tuple[tuple[str, str], ...]) -> str | None:
+    """'trim1a2b3c4d' for a build with recipe options set (FLASH_ATTENTION_DISABLE_FP8=TRUE, ...): a test build
+    for fewer cases gets its own name, so it never passes for the full wheel; None without options."""
+    if not options:
+        return None
+    import hashlib
+
+    text = "\n".join(f"{k}={v}" for k, v in sorted(options))
+    return "trim" + hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def stable_local_version(cuda: str, min_torch: str, archs: list[str] | tuple[str, ...],
+                         trim: str | None = None) -> str:
     """'cu13torch2.9stable.sm80sm90': a stable-ABI build for CUDA 13.x, torch >= 2.9, GPU code for sm_80 and
     sm_90. Never an index key itself (parse_local_version does not read it): the index lists the wheel under
     every key it serves (stable_serves)."""
     if not archs:
         raise ValueError("a stable-ABI wheel names its archs; none given")
-    return f"{cuda_label(cuda)}torch{min_torch}stable.{''.join(arch_token(a) for a in archs)}"
+    base = f"{cuda_label(cuda)}torch{min_torch}stable.{''.join(arch_token(a) for a in archs)}"
+    return f"{base}.{trim}" if trim else base
 
 
 def parse_stable_local(local: str) -> tuple[str, str, tuple[str, ...]] | None:
@@ -174,15 +187,17 @@ def platform_machine(platform: str) -> str:
 
 
 def wheel_filename(package: str, version: str, *, cuda: str, torch: str, cxx11_abi: bool,
-                   python: str, wheel_tag: str, machine: str = "x86_64", arch_subset: str | None = None) -> str:
+                   python: str, wheel_tag: str, machine: str = "x86_64", arch_subset: str | None = None,
+                   trim: str | None = None) -> str:
     py, abi = wheel_tags(wheel_tag, python)
-    local = wheel_local_version(cuda, torch, cxx11_abi, arch_subset)
+    local = wheel_local_version(cuda, torch, cxx11_abi, arch_subset) + (f".{trim}" if trim else "")
     return f"{dist_name(package)}-{version}+{local}-{py}-{abi}-linux_{machine}.whl"
 
 
 def stable_wheel_filename(package: str, version: str, *, cuda: str, min_torch: str, min_python: str,
-                          archs: list[str] | tuple[str, ...], machine: str = "x86_64") -> str:
-    """'flash_attn_3-3.0.0+cu13torch2.9stable.sm80sm90-cp39-abi3-linux_x86_64.whl' (see the module's note)."""
+                          archs: list[str] | tuple[str, ...], machine: str = "x86_64", trim: str | None = None) -> str:
+    """'flash_attn_3-3.0.0+cu13torch2.9stable.sm80sm90-cp39-abi3-linux_x86_64.whl' (see the module's note); a
+    trimmed test build ends its label with options_marker's '.trim1a2b3c4d', which no index key serves."""
     py, abi = wheel_tags("abi3", "", min_python)
-    local = stable_local_version(cuda, min_torch, archs)
+    local = stable_local_version(cuda, min_torch, archs, trim)
     return f"{dist_name(package)}-{version}+{local}-{py}-{abi}-linux_{machine}.whl"

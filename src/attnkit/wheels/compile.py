@@ -42,6 +42,7 @@ def recipe_env(spec: BuildSpec, jobs: int) -> dict[str, str]:
     Shared by the native build and `attnkit wheels env` (CI, cibuildwheel)."""
     knobs = spec.recipe.build
     env = dict(knobs.env)
+    env.update(spec.options)  # a trimmed test build's recipe options (--option)
     env[knobs.arch_env] = format_archs(list(spec.archs), knobs.arch_format)
     env[knobs.jobs_env] = str(jobs)
     if knobs.nvcc_threads_env:

@@ -193,6 +193,7 @@ class BuildSpec:
     min_torch: str | None = None  # abi "stable": the torch floor (TORCH_TARGET_VERSION)
     min_python: str | None = None  # abi "stable": the abi3 floor
     git: GitSource | None = None  # a source pinned by commit (matrix.yaml packages.<name>.git), where no sdist is
+    options: tuple[tuple[str, str], ...] = ()  # set by with_options(): recipe options of a trimmed test build
 
     def wheel_filename(self, machine: str) -> str:
         """The published name of this build (computed by the naming module, the only place names are made)."""
@@ -202,10 +203,11 @@ class BuildSpec:
             assert self.min_torch is not None and self.min_python is not None
             return naming.stable_wheel_filename(self.package, self.version, cuda=cell.cuda, min_torch=self.min_torch,
                                                 min_python=self.min_python, archs=[str(a.sm) for a in self.archs],
-                                                machine=machine)
+                                                machine=machine, trim=naming.options_marker(self.options))
         return naming.wheel_filename(self.package, self.version, cuda=cell.cuda, torch=cell.torch,
                                      cxx11_abi=cell.cxx11_abi, python=cell.python, wheel_tag=self.wheel_tag,
-                                     arch_subset=self.arch_subset, machine=machine)
+                                     arch_subset=self.arch_subset, machine=machine,
+                                     trim=naming.options_marker(self.options))
 
     def torch_requirement(self) -> str:
         """What the wheel's METADATA requires of torch: the cell's minor (a C++-ABI build), or the floor of a
@@ -233,6 +235,26 @@ def restrict(spec: BuildSpec, archs: str) -> BuildSpec:
     by_sm = {a.sm: a for a in spec.archs}
     chosen = tuple(by_sm[a.sm] for a in wanted)
     return dataclasses.replace(spec, archs=chosen, arch_subset="".join(f"sm{a.sm}" for a in chosen))
+
+
+_OPTION_VALUE = re.compile(r"[A-Za-z0-9._-]{1,64}", flags=re.ASCII)
+
+
+def with_options(spec: BuildSpec, given: list[str]) -> BuildSpec:
+    """The same build with recipe options set (`--option NAME=VALUE`, each NAME one the recipe declares under
+    [options]): a trimmed test build, named apart (naming.options_marker)."""
+    import dataclasses
+
+    known = spec.recipe.options
+    out: dict[str, str] = {}
+    for item in given:
+        name, eq, value = item.partition("=")
+        if not eq or name not in known or not _OPTION_VALUE.fullmatch(value):
+            allowed = ", ".join(known) or "none (the recipe declares no [options])"
+            raise AttnkitError(f"--option {item[:80]!r}: expected NAME=VALUE with NAME one of the recipe's options "
+                               f"({spec.recipe_path}: {allowed}) and VALUE letters, digits, '._-'")
+        out[name] = value
+    return dataclasses.replace(spec, options=tuple(sorted(out.items())))
 
 
 def resolve(m: Matrix, cell: Cell, recipe: Recipe, recipe_path: Path, shared_ok: bool = False) -> BuildSpec:
