@@ -369,7 +369,7 @@ def _abi_problems(name: str, pkg: Package) -> list[Problem]:
         return out
     if pkg.wheel_tag == "abi3":
         return [((*loc, "wheel_tag"), "'abi3' is for abi: stable packages (one wheel for every torch >= "
-                                      "limits.min_torch); allowed without abi: stable: 'cpython', 'py39-none'")]
+                                      "limits.min_torch); allowed: 'cpython', 'py39-none', or set abi: stable")]
     if pkg.min_python is not None:
         return [((*loc, "min_python"), "only for abi: stable packages (their abi3 floor); remove it")]
     return []
