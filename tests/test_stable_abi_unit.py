@@ -164,3 +164,160 @@ def test_verify_report_in_index_json_keeps_one_entry_per_key(tmp_path, matrix):
     assert {r["filename"] for r in rows} == {WHL}
     with zipfile.ZipFile(house / WHL) as z:
         assert "Requires-Dist: torch>=2.13" in z.read(f"demo_pkg-1.0+{STABLE}.dist-info/METADATA").decode()
+
+
+def test_flash_attn_3_is_one_wheel_and_one_job_per_cuda_major(matrix, capsys):
+    from attnkit.matrix.expand import all_cells
+
+    cells = all_cells(matrix)
+    fa3 = {c.id: c.package("flash-attn-3") for c in cells}
+    carried = [cid for cid, p in fa3.items() if p is not None]
+    # every CUDA cell of torch >= 2.9 (its floor) and Python >= 3.10; none of torch 2.8, none on CPU
+    assert carried == [c.id for c in cells if c.cuda and c.torch != "2.8"]
+    wheels = {p.wheel: p.built_in for p in fa3.values() if p is not None}
+    assert wheels == {
+        "flash_attn_3-3.0.0+cu12torch2.9stable.sm80sm90-cp310-abi3-linux_x86_64.whl": "torch2.11-cu128-py312",
+        "flash_attn_3-3.0.0+cu13torch2.9stable.sm80sm90-cp310-abi3-linux_x86_64.whl": "torch2.11-cu130-py312"}
+    assert all(p.abi == "stable" and p.min_torch == "2.9" for p in fa3.values() if p is not None)
+    assert main(["matrix", "--format", "github", "--package", "flash-attn-3"]) == 0
+    jobs = json.loads(capsys.readouterr().out)["include"]
+    assert [(j["cell"], j["abi"], j["min_torch"]) for j in jobs] == [
+        ("torch2.11-cu128-py312", "stable", "2.9"), ("torch2.11-cu130-py312", "stable", "2.9")]
+    assert main(["matrix", "--format", "github", "--package", "flash-attn"]) == 0
+    assert all(j["abi"] == "cell" and "min_torch" not in j for j in json.loads(capsys.readouterr().out)["include"])
+
+
+@pytest.mark.parametrize("edit, where, says", [
+    ('    wheel_tag: abi3\n', "packages.flash-attn-3.wheel_tag", "allowed: 'abi3'"),
+    ('    min_python: "3.10"', "packages.flash-attn-3.abi", "abi: stable needs min_python"),
+    ('    abi: stable ', "packages.flash-attn-3.wheel_tag", "'abi3' is for abi: stable packages"),
+    ('    git:  ', "packages.flash-attn-3", "give its source as sdist (url, sha256) or git (url, commit)"),
+])
+def test_stable_package_mistakes_are_one_line(tmp_path, capsys, edit, where, says):
+    from attnkit.matrix.load import default_matrix_path
+
+    text = default_matrix_path().read_text()
+    start = text.index("  flash-attn-3:\n")
+    block = text[start:text.index("\n# Attention libraries used as published", start)]
+    if edit.startswith("    wheel_tag"):
+        new = block.replace(edit, "    wheel_tag: cpython\n")
+    elif edit.startswith("    min_python"):
+        new = block.replace(edit, "   ")  # dropped (a comment-only line stays)
+    elif edit.startswith("    abi:"):
+        new = block.replace("    abi: stable ", "    abi: cell   ")
+    else:
+        new = block.replace("    git:  ", "    sdist: {url: 'https://x.org/a.tar.gz', sha256: '" + "0" * 64 + "'}\n    git:  ")
+    assert new != block
+    bad = tmp_path / "m.yaml"
+    bad.write_text(text.replace(block, new))
+    assert main(["matrix", "--file", str(bad)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"attnkit: error: {bad}:") and f": {where}: " in err[0], err
+    assert says in err[0]
+
+
+def test_fa3_recipe_arch_switch_and_trim_options(matrix):
+    from attnkit.matrix.expand import find_cell
+    from attnkit.wheels.compile import recipe_env
+    from attnkit.wheels.recipe import format_archs, parse_arch, resolve, restrict, with_options
+
+    recipe, path = load_recipe("flash-attn-3")
+    spec = resolve(matrix, find_cell(matrix, "torch2.11-cu130-py312"), recipe, path)
+    assert spec.abi == "stable" and spec.git is not None and spec.sdist_url is None
+    assert spec.wheel_filename("x86_64") == "flash_attn_3-3.0.0+cu13torch2.9stable.sm80sm90-cp310-abi3-linux_x86_64.whl"
+    assert recipe_env(spec, 4)["FLASH_ATTENTION_DISABLE_SM80"] == "FALSE"
+    trimmed = with_options(restrict(spec, "90"), ["FLASH_ATTENTION_DISABLE_FP8=TRUE", "FLASH_ATTENTION_DISABLE_SPLIT=TRUE"])
+    env = recipe_env(trimmed, 4)
+    assert env["FLASH_ATTENTION_DISABLE_SM80"] == "TRUE" and env["FLASH_ATTENTION_DISABLE_FP8"] == "TRUE"
+    name = trimmed.wheel_filename("x86_64")
+    marker = naming.options_marker((("FLASH_ATTENTION_DISABLE_FP8", "TRUE"), ("FLASH_ATTENTION_DISABLE_SPLIT", "TRUE")))
+    assert name == f"flash_attn_3-3.0.0+cu13torch2.9stable.sm90.{marker}-cp310-abi3-linux_x86_64.whl"
+    assert naming.parse_stable_local(name.split("+")[1].split("-")[0]) is None  # never served as the full wheel
+    assert with_options(spec, ["FLASH_ATTENTION_DISABLE_SPLIT=TRUE", "FLASH_ATTENTION_DISABLE_FP8=TRUE"]
+                        ).wheel_filename("x86_64").split("sm80sm90.")[1].startswith(marker)  # order does not matter
+    with pytest.raises(AttnkitError, match=r"--option 'FLASH_ATTENTION_DISABLE_SM80=TRUE': expected NAME=VALUE with"):
+        with_options(spec, ["FLASH_ATTENTION_DISABLE_SM80=TRUE"])  # the arch switch is --archs' business
+    with pytest.raises(AttnkitError, match=r"--option 'FLASH_ATTENTION_DISABLE_FP8': expected NAME=VALUE"):
+        with_options(spec, ["FLASH_ATTENTION_DISABLE_FP8"])
+    with pytest.raises(AttnkitError, match="builds sm_90 always and sm_80 optionally"):
+        format_archs([parse_arch("80")], "disable-sm80")
+
+
+def _git(*args, cwd=None):
+    import subprocess
+
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
+                   env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                        "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(cwd or "."), "PATH": "/usr/bin:/bin"})
+
+
+def _commit_of(repo):
+    import subprocess
+
+    return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_a_git_source_is_its_pinned_paths_and_the_submodule_upstream_records(matrix, tmp_path, monkeypatch):
+    """Real git: a superproject with a gitlink and a submodule repository, served from bare mirrors."""
+    import dataclasses
+
+    from attnkit.matrix.expand import find_cell
+    from attnkit.matrix.schema import GitSource, GitSubmodule
+    from attnkit.wheels.recipe import resolve
+    from attnkit.wheels.source import ENV_GIT_MIRRORS, prepare_source, source_digest
+
+    sub = tmp_path / "sub"
+    (sub / "include" / "cute").mkdir(parents=True)
+    (sub / "include" / "cute" / "tensor.hpp").write_text("// cute\n")
+    (sub / "media.png").write_bytes(b"big")
+    _git("init", "-q", str(sub), cwd=tmp_path)
+    _git("add", "-A", cwd=sub)
+    _git("commit", "-qm", "sub", cwd=sub)
+    sub_commit = _commit_of(sub)
+    sup = tmp_path / "sup"
+    (sup / "hopper").mkdir(parents=True)
+    (sup / "hopper" / "setup.py").write_text("# setup\n")
+    (sup / "README.md").write_text("readme\n")
+    (sup / "assets.pdf").write_bytes(b"big")
+    _git("init", "-q", str(sup), cwd=tmp_path)
+    _git("add", "-A", cwd=sup)
+    _git("update-index", "--add", "--cacheinfo", f"160000,{sub_commit},csrc/cutlass", cwd=sup)
+    _git("commit", "-qm", "sup", cwd=sup)
+    sup_commit = _commit_of(sup)
+    mirrors = tmp_path / "mirrors"
+    _git("clone", "-q", "--bare", str(sup), str(mirrors / "o" / "sup.git"), cwd=tmp_path)
+    _git("clone", "-q", "--bare", str(sub), str(mirrors / "o" / "sub.git"), cwd=tmp_path)
+    monkeypatch.setenv(ENV_GIT_MIRRORS, str(mirrors))
+
+    recipe, path = load_recipe("flash-attn-3")
+    spec = resolve(matrix, find_cell(matrix, "torch2.11-cu130-py312"), recipe, path)
+    git = GitSource(url="https://github.com/o/sup.git", commit=sup_commit, subdir="hopper", paths=["hopper", "README.md"],
+                    submodules={"csrc/cutlass": GitSubmodule(url="https://github.com/o/sub.git", commit=sub_commit,
+                                                             paths=["include"])})
+    spec = dataclasses.replace(spec, git=git)
+    build = tmp_path / "build"
+    src = prepare_source(spec, build, tmp_path / "cache")
+    assert src == build / "src" / "hopper" and (src / "setup.py").read_text() == "# setup\n"
+    tree = sorted(str(p.relative_to(build / "src")) for p in (build / "src").rglob("*") if p.is_file())
+    assert tree == ["README.md", "csrc/cutlass/include/cute/tensor.hpp", "hopper/setup.py"]  # only the pinned paths
+    assert (build / ".source-digest").read_text().strip() == source_digest(spec)
+    assert source_digest(spec).startswith("git:")
+    other = dataclasses.replace(spec, git=git.model_copy(update={"paths": ["hopper"]}))
+    assert source_digest(other) != source_digest(spec)  # what is taken of the tree is part of what is built
+    wrong = "0" * 39 + "1"
+    bad = dataclasses.replace(spec, git=git.model_copy(update={"submodules": {"csrc/cutlass": GitSubmodule(
+        url="https://github.com/o/sub.git", commit=wrong, paths=["include"])}}))
+    with pytest.raises(AttnkitError) as exc:
+        prepare_source(bad, tmp_path / "build2", tmp_path / "cache")
+    assert str(exc.value) == (f"git source: https://github.com/o/sup.git@{sup_commit[:12]} records csrc/cutlass at "
+                              f"{sub_commit}, matrix.yaml pins {wrong}: pin the commit upstream records")
+
+
+def test_the_shard_shim_counts_a_setup_pys_own_compile_rules():
+    from attnkit.wheels.shards import COMPILE_RULE
+
+    for rule in ("compile", "cuda_compile", "cuda_compile_sm80", "cuda_compile_sm80_sm90", "cuda_compile_sm100"):
+        assert COMPILE_RULE.match(rule), rule
+    for rule in ("link", "cuda_dlink", "phony", "compile_commands"):
+        assert not COMPILE_RULE.match(rule), rule
