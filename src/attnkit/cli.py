@@ -345,9 +345,8 @@ def _cmd_wheels_torch(a: argparse.Namespace) -> int:
 
 
 def _cmd_index_build(a: argparse.Namespace) -> int:
-    from attnkit.wheels.index import build_index
-
     from attnkit.matrix import load_matrix
+    from attnkit.wheels.index import build_index
 
     entries = build_index(Path(a.dir), Path(a.out), a.base_url, a.site_url, matrix=load_matrix(a.file))
     print(f"{a.out}: indexed {len({e.filename for e in entries})} wheel(s) of {len({e.project for e in entries})} "

@@ -127,17 +127,17 @@ def _stable_builds(m: Matrix, triples: list[tuple[str, str | None, str]]
         for name, pkg in m.packages.items():
             if pkg.abi != "stable" or package_reasons(name, pkg, torch, cuda, python):
                 continue
-            k = (name, naming.cuda_label(cuda))
+            k = (str(name), naming.cuda_label(cuda))
             if k not in best or rank(pkg, (torch, cuda, python)) > rank(pkg, best[k]):
                 best[k] = (torch, cuda, python)
-    out = {}
-    for (name, label), (bt, bc, bp) in best.items():
-        pkg = m.packages[name]  # type: ignore[index]
+    out: dict[tuple[str, str], tuple[str, tuple[str, str, str]]] = {}
+    for (pname, label), (bt, bc, bp) in best.items():
+        pkg = m.packages[pname]  # type: ignore[index]
         assert pkg.min_python is not None  # schema.problems: abi stable has min_python
-        fname = naming.stable_wheel_filename(name, pkg.version, cuda=bc, min_torch=pkg.limits.min_torch,
+        fname = naming.stable_wheel_filename(pname, pkg.version, cuda=bc, min_torch=pkg.limits.min_torch,
                                              min_python=pkg.min_python, archs=_package_archs(m, pkg, bc),
                                              machine=naming.platform_machine(m.publish.platforms[0]))
-        out[(name, label)] = (fname, (bt, bc, bp))
+        out[(pname, label)] = (fname, (bt, bc, bp))
     return out
 
 
