@@ -321,3 +321,22 @@ def test_the_shard_shim_counts_a_setup_pys_own_compile_rules():
         assert COMPILE_RULE.match(rule), rule
     for rule in ("link", "cuda_dlink", "phony", "compile_commands"):
         assert not COMPILE_RULE.match(rule), rule
+
+
+def test_an_image_takes_the_stable_wheel_or_its_marked_test_build(matrix, tmp_path):
+    from attnkit.images import wheelhouse
+    from attnkit.matrix.expand import find_cell
+
+    fa3 = find_cell(matrix, "torch2.14-cu130-py313").package("flash-attn-3")  # a cell that does not build it
+    assert fa3 is not None and fa3.built_in == "torch2.11-cu130-py312"
+    house = tmp_path / "h"
+    house.mkdir()
+    trimmed = verified(make_wheel(house, "flash_attn_3", "3.0.0+cu13torch2.9stable.sm90.trim2b842b4f",
+                                  "cp310-abi3-linux_x86_64"))
+    verified(make_wheel(house, "flash_attn_3", "3.0.0+cu12torch2.9stable.sm90", "cp310-abi3-linux_x86_64"))  # cu12
+    with pytest.raises(AttnkitError, match="or an --archs test build, with --test-builds"):
+        wheelhouse.cell_wheel(fa3, house, test_builds=False)
+    assert wheelhouse.cell_wheel(fa3, house, test_builds=True) == trimmed  # never the other CUDA major's
+    full = verified(make_wheel(house, "flash_attn_3", "3.0.0+cu13torch2.9stable.sm80sm90", "cp310-abi3-linux_x86_64"))
+    assert full.name == fa3.wheel
+    assert wheelhouse.cell_wheel(fa3, house, test_builds=True) == full  # the full wheel wins
