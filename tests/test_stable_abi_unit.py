@@ -67,6 +67,9 @@ def test_stable_symbol_check_names_cxx_symbols_and_wants_the_c_shim():
     bad, info = verify.check_stable_symbols({"b.so": cxx})
     assert bad == ["b.so needs torch's C++ ABI, which a stable-ABI wheel must not: at::Tensor::print() const; "
                    "c10::Error::Error(c10::SourceLocation, std::string); caffe2::TypeMeta::x (+1 more)"]
+    assert verify.check_needed({"a.so": ["libtorch_cpu.so", "libc.so.6"]}) == []
+    assert verify.check_needed({"b.so": ["libtorch_python.so"]}) == [
+        "b.so links libtorch_python.so, torch's C++ Python bindings, which the stable ABI does not cover"]
     none, _ = verify.check_stable_symbols({"c.so": ["memcpy"]})
     assert none == ["no shared object uses torch's stable C shim (aoti_torch_* / torch_*): not a stable-ABI build"]
 

@@ -83,6 +83,9 @@ def test_one_abi3_wheel_verified_under_two_torch_minors(stable_built):
     sym = c["stable_abi"]["attnkit_stableext/_C.abi3.so"]
     assert sym["torch_cxx"] == []  # nothing of torch's C++ ABI ...
     assert {"aoti_torch_library_init_def", "torch_library_impl", "torch_get_mutable_data_ptr"} <= set(sym["c_shim"])
+    # libtorch_cpu (the C shim) and no CUDA library of torch's, no shared cudart: it loads under a CPU torch too
+    assert "libtorch_cpu.so" in sym["needed"] and not [n for n in sym["needed"] if n.startswith(
+        ("libtorch_python", "libtorch_cuda", "libc10_cuda", "libcudart"))], sym["needed"]
     assert c["import_under"] == {"2.14.1+cu130": "ok", "2.13.0+cpu": "ok"}  # ... so it loads under both
     assert c["auditwheel"]["grafted"] == []
     with zipfile.ZipFile(house / WHEEL) as z:

@@ -164,6 +164,21 @@ def undefined_symbols(so: Path, nm: str) -> list[str]:
     return out
 
 
+def needed_libraries(so: Path, readelf: str) -> list[str]:
+    """The DT_NEEDED entries of `so` (`readelf -d`)."""
+    r = subprocess.run([readelf, "-d", str(so)], capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        raise AttnkitError(f"verify: readelf failed on {so.name}: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+    return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", r.stdout)
+
+
+def check_needed(needed: dict[str, list[str]]) -> list[str]:
+    """libtorch_python is torch's C++ Python binding (pybind11 types, per torch release): not a stable-ABI
+    library, and torch's own cpp_extension leaves it out of py_limited_api extensions."""
+    return [f"{name} links {lib}, torch's C++ Python bindings, which the stable ABI does not cover"
+            for name, libs in needed.items() for lib in libs if lib.startswith("libtorch_python")]
+
+
 def check_stable_symbols(symbols: dict[str, list[str]]) -> tuple[list[str], dict[str, Any]]:
     """Problems with torch symbols a stable-ABI build needs (name -> undefined symbols): any of torch's C++
     API (it changes with every torch release) is one; using none of the stable C shim means the ABI was not
@@ -301,6 +316,14 @@ def verify_wheel(wheel: Path, spec: BuildSpec, python: str = sys.executable, als
                 rep.problems.append("nm not found (binutils): cannot check the stable-ABI symbols")
             else:
                 problems, info = check_stable_symbols({n: undefined_symbols(p, nm) for n, p in paths.items()})
+                readelf = shutil.which("readelf")
+                if readelf is None:
+                    problems.append("readelf not found (binutils): cannot check the libraries it links")
+                else:
+                    needed = {n: needed_libraries(p, readelf) for n, p in paths.items()}
+                    for n, linked in needed.items():
+                        info.setdefault(n, {})["needed"] = linked
+                    problems += check_needed(needed)
                 rep.checks["stable_abi"] = info
                 rep.problems += problems
         # 4. auditwheel
