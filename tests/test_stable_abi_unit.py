@@ -48,6 +48,10 @@ def test_torch_floor_and_abi3_checks(tmp_path):
     assert "is not 'torch>=2.13'" in verify.check_torch_floor(["torch<2.15,>=2.14"], "2.13")[0]
     assert "is not 'torch>=2.13'" in verify.check_torch_floor(["torch>=2.12"], "2.13")[0]
     assert verify.check_torch_floor(["numpy"], "2.13") == ["METADATA does not require torch"]
+    assert verify.check_requires_python(">=3.9", "3.9") == [] and verify.check_requires_python(None, "3.9") == []
+    assert verify.check_requires_python(">=3.10", "3.9") == [
+        "Requires-Python '>=3.10' is not Python >= 3.9, the floor its abi3 tag says"]
+    assert verify.check_requires_python(">=3.8", "3.10") != []
     good = make_wheel(tmp_path, version=f"1.0+{STABLE}", tag="cp39-abi3-linux_x86_64")
     wheel_file = "Wheel-Version: 1.0\nTag: cp39-abi3-linux_x86_64\n"
     assert verify.check_abi3(good, ["demo_pkg/_C.abi3.so"], "3.9", wheel_file) == []

@@ -125,6 +125,19 @@ def check_torch_floor(requires: list[str], min_torch: str) -> list[str]:
     return problems
 
 
+def check_requires_python(requires_python: str | None, min_python: str) -> list[str]:
+    """An abi3 wheel from cp3X on must not tell installers a later floor (or an earlier one) than its tag."""
+    from packaging.specifiers import SpecifierSet
+
+    if not requires_python:
+        return []
+    spec = SpecifierSet(requires_python)
+    major, minor = (int(x) for x in min_python.split("."))
+    if not spec.contains(f"{major}.{minor}.0") or spec.contains(f"{major}.{minor - 1}.99"):
+        return [f"Requires-Python '{requires_python}' is not Python >= {min_python}, the floor its abi3 tag says"]
+    return []
+
+
 def check_abi3(wheel: Path, names: list[str], min_python: str, wheel_file: str) -> list[str]:
     """The limited-API promise, as the file says it: cpXY-abi3 tags (name and WHEEL) and no extension module
     named for one CPython ('_C.cpython-311-x86_64-linux-gnu.so' instead of '_C.abi3.so')."""
@@ -309,6 +322,7 @@ def verify_wheel(wheel: Path, spec: BuildSpec, python: str = sys.executable, als
                 paths = {n: Path(z.extract(n, tmp / "symbols")) for n in sos}
             assert spec.min_python is not None
             abi3 = check_abi3(wheel, names, spec.min_python, wheel_file)
+            abi3 += check_requires_python(next(iter(meta.get("Requires-Python", [])), None), spec.min_python)
             rep.checks["abi3"] = "ok" if not abi3 else abi3[0]
             rep.problems += abi3
             nm = shutil.which("nm")
