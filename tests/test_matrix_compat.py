@@ -87,7 +87,7 @@ def test_reference_cell_is_the_h200_machine(matrix) -> None:
 
     c = find_cell(matrix, "torch2.11-cu130-py312")
     assert c.torch_version == "2.11.0" and c.cxx11_abi
-    assert {p.name for p in c.packages} == {"flash-attn", "xformers"}
+    assert {p.name for p in c.packages} == {"flash-attn", "xformers", "flash-attn-3"}
     assert "90" in c.package("flash-attn").archs  # type: ignore[union-attr]
 
 

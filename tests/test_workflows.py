@@ -90,8 +90,10 @@ def test_matrices_come_from_attnkit_not_hand_copied_lists():
                 assert matrix == "${{ fromJSON(needs.plan.outputs.matrix) }}", (wf.name, name)
     wheels = load("wheels.yml")
     plan = "\n".join(s.get("run", "") for s in wheels["jobs"]["plan"]["steps"])
-    assert "attnkit matrix --format github --package flash-attn" in plan
-    assert "attnkit matrix --format github --package xformers" in plan
+    from attnkit.matrix import load_matrix
+
+    for pkg in load_matrix(None).packages:  # every built package has its jobs
+        assert f"attnkit matrix --format github --package {pkg} " in plan, pkg
     images = load("images.yml")
     plan = "\n".join(s.get("run", "") for s in images["jobs"]["plan"]["steps"])
     assert "attnkit matrix --format github" in plan and "attnkit matrix --format bake > bake.json" in plan
@@ -105,7 +107,7 @@ def test_wheels_plan_reproduces_the_matrix(capsys, matrix):
     from attnkit.matrix.expand import all_cells
 
     jobs = []
-    for pkg in ("flash-attn", "xformers"):
+    for pkg in matrix.packages:
         assert main(["matrix", "--format", "github", "--package", pkg]) == 0
         jobs += json.loads(capsys.readouterr().out)["include"]
     wheels = {p.wheel: p.built_in for c in all_cells(matrix) for p in c.packages}
@@ -123,9 +125,12 @@ def test_ci_plan_dry_run(capsys):
     ref = next(p for p in plan if p["cell"] == "torch2.11-cu130-py312")
     assert ref["image_targets"] == ["torch2_11-cu130-py312-runtime", "torch2_11-cu130-py312-devel"]
     assert "ghcr.io/attnkit/attnkit:latest" in ref["moving_tags"] and ref["smoke"] == "gpu"
-    assert ref["wheel_jobs"] == ["flash-attn", "xformers"]  # the reference cell builds what the H200 tests
+    # the reference cell builds what the H200 tests, FlashAttention-3's one cu13 wheel included
+    assert ref["wheel_jobs"] == ["flash-attn", "xformers", "flash-attn-3"]
     shared = next(p for p in plan if p["cell"] == "torch2.11-cu126-py312")
-    assert shared["wheel_jobs"] == [] and shared["shared_wheels"] == ["flash-attn", "xformers"]
+    assert shared["wheel_jobs"] == [] and shared["shared_wheels"] == ["flash-attn", "xformers", "flash-attn-3"]
+    stable = [p["cell"] for p in plan if "flash-attn-3" in p["wheel_jobs"]]
+    assert stable == ["torch2.11-cu128-py312", "torch2.11-cu130-py312"]  # one job per CUDA major
     assert main(["ci-plan"]) == 0
     assert "CI plan:" in capsys.readouterr().out
 

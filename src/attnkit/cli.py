@@ -214,7 +214,7 @@ def _cmd_warmup(a: argparse.Namespace) -> int:
     return run_warmup(shapes, report=a.report, dry_run=a.dry_run, as_json=a.json)
 
 
-def _spec(a: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _spec(a: argparse.Namespace, plan: bool = False):  # type: ignore[no-untyped-def]
     from attnkit.matrix import load_matrix
     from attnkit.matrix.expand import find_cell
     from attnkit.wheels.recipe import load_recipe, resolve
@@ -222,7 +222,11 @@ def _spec(a: argparse.Namespace):  # type: ignore[no-untyped-def]
     m = load_matrix(a.file)
     cell = find_cell(m, a.cell)
     recipe, path = load_recipe(a.package, a.recipe)
-    spec = resolve(m, cell, recipe, path)
+    spec = resolve(m, cell, recipe, path, shared_ok=plan)
+    if getattr(a, "option", None):
+        from attnkit.wheels.recipe import with_options
+
+        spec = with_options(spec, a.option)
     if getattr(a, "archs", None):
         from attnkit.wheels.recipe import restrict
 
@@ -243,6 +247,7 @@ def _cmd_wheels_build(a: argparse.Namespace) -> int:
     spec = _spec(a)
     rep = build_wheel(spec, Path(a.out), python=a.python, build_dir=Path(a.build_dir) if a.build_dir else None,
                       toolkit=a.toolkit, jobs=a.jobs, verify=not a.no_verify, shard=shard, link_only=a.link_only,
+                      also=tuple(a.also_python),
                       objects=Path(a.objects) if a.objects else None, costs=[Path(c) for c in a.costs] if a.costs else None)
     doc = json.dumps(report_dict(rep), indent=1)
     if a.report:
@@ -257,7 +262,7 @@ def _cmd_wheels_plan(a: argparse.Namespace) -> int:
 
     if a.shards < 1:
         raise UsageError(f"--shards: must be >= 1, got {a.shards}")
-    spec = _spec(a)
+    spec = _spec(a, plan=True)  # any cell that carries the package: its units are the same
     rep = build_wheel(spec, Path("."), python=a.python, build_dir=Path(a.build_dir) if a.build_dir else None,
                       toolkit=a.toolkit, jobs=a.jobs, plan_only=True)
     assert rep.shard is not None
@@ -282,7 +287,7 @@ def _cmd_wheels_verify(a: argparse.Namespace) -> int:
         from packaging.utils import parse_wheel_filename
 
         a.package = str(parse_wheel_filename(wheel.name)[0])
-    rep = verify_wheel(wheel, _spec(a), python=a.python)
+    rep = verify_wheel(wheel, _spec(a), python=a.python, also=tuple(a.also_python))
     print(json.dumps(rep.to_dict(), indent=1))
     if not rep.ok:
         raise AttnkitError(f"verify: {wheel.name} rejected: {'; '.join(rep.problems)}")
@@ -301,7 +306,7 @@ def _cmd_wheels_finalize(a: argparse.Namespace) -> int:
     wheel = Path(a.wheel)
     if not wheel.is_file():
         raise AttnkitError(f"WHEEL {wheel}: no such file")
-    final, _ = finalize(wheel, _spec(a), Path(a.out), python=a.python)
+    final, _ = finalize(wheel, _spec(a), Path(a.out), python=a.python, also=tuple(a.also_python))
     print(final)
     return 0
 
@@ -357,10 +362,12 @@ def _cmd_wheels_torch(a: argparse.Namespace) -> int:
 
 
 def _cmd_index_build(a: argparse.Namespace) -> int:
+    from attnkit.matrix import load_matrix
     from attnkit.wheels.index import build_index
 
-    entries = build_index(Path(a.dir), Path(a.out), a.base_url, a.site_url)
-    print(f"{a.out}: indexed {len(entries)} wheel(s) of {len({e.project for e in entries})} project(s) in "
+    entries = build_index(Path(a.dir), Path(a.out), a.base_url, a.site_url, matrix=load_matrix(a.file))
+    print(f"{a.out}: indexed {len({e.filename for e in entries})} wheel(s) of {len({e.project for e in entries})} "
+          f"project(s) in "
           f"{len({e.key for e in entries})} index(es) (one per key), {len({e.cell for e in entries})} cell page(s)")
     return 0
 
@@ -461,7 +468,7 @@ def _default_site(a: argparse.Namespace) -> str:
 
 def _chosen(a: argparse.Namespace):  # type: ignore[no-untyped-def]
     from attnkit.wheels import pyenv
-    from attnkit.wheels.resolve import choose, index_url, listing
+    from attnkit.wheels.resolve import choose, index_url, listing, stable_listing
 
     source = "--index"
     if not a.index:  # attnkit's own site: only the matrix's packages are there; say so before any network
@@ -473,8 +480,16 @@ def _chosen(a: argparse.Namespace):  # type: ignore[no-untyped-def]
                              "pass --index SITE for another wheel site")
         source = "the default wheel site (matrix.yaml publish.wheel_site; it may not be published yet; --index SITE)"
     env = pyenv.describe(a.python)
-    simple = index_url(_default_site(a), env)
-    return env, simple, choose(listing(simple, a.package, source), env, a.package)
+    site = _default_site(a)
+    simple = index_url(site, env)
+    stable = stable_listing(site, a.package)  # the site's stable-ABI wheels: they may serve a key with no page
+    try:
+        cands = listing(simple, a.package, source)
+    except AttnkitError:
+        if not stable:
+            raise
+        cands = []
+    return env, simple, choose(cands, env, a.package, stable)
 
 
 def _cmd_wheel_url(a: argparse.Namespace) -> int:
@@ -649,12 +664,20 @@ def build_parser() -> argparse.ArgumentParser:
         cell_only(sp)
         sp.add_argument("--python", default=sys.executable, help="interpreter with the cell's torch")
 
+    def also_python(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--also-python", action="append", default=[], metavar="PY",
+                        help="verify the import under this interpreter's torch too (repeatable); a stable-ABI "
+                             "wheel needs one with another torch minor >= its floor")
+
     def build_args(sp: argparse.ArgumentParser) -> None:
         cell_args(sp)
         sp.add_argument("--build-dir", help="persistent build folder (resume); default in the cache")
         sp.add_argument("--toolkit", default="auto", help="auto (CUDA_HOME, /usr/local/cuda, PATH), pypi, or a path")
         sp.add_argument("--jobs", type=_positive_int, help="parallel compile jobs (default: from cores and memory)")
         sp.add_argument("--archs", help="a test build for a subset of the cell's archs, e.g. 90 (wheel marked .sm90)")
+        sp.add_argument("--option", action="append", metavar="NAME=VALUE",
+                        help="a recipe option (its [options], e.g. FLASH_ATTENTION_DISABLE_FP8=TRUE): a trimmed test "
+                             "build, its wheel marked .trim<hash> (repeatable)")
         sp.add_argument("--costs", action="append", metavar="FILE",
                         help="measured seconds per unit to balance shards by: {source: seconds}, or shard "
                              "reports (repeat it to merge several; a later file wins)")
@@ -667,6 +690,7 @@ def build_parser() -> argparse.ArgumentParser:
     wb.add_argument("--shard", metavar="I/N", help="compile only shard I of N into --objects; link nothing")
     wb.add_argument("--link-only", action="store_true", help="gather every unit from --objects, link, verify")
     wb.add_argument("--objects", help="the object store a sharded build's shard and link jobs share")
+    also_python(wb)
     wb.set_defaults(func=_cmd_wheels_build)
 
     wp = wsub.add_parser("plan", help="the compile units of a build split into N shards, with their cost")
@@ -679,6 +703,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("wheel")
         cell_args(sp)
         sp.add_argument("--archs", help="a test build made with `wheels build --archs` (a subset of the cell's)")
+        sp.add_argument("--option", action="append", metavar="NAME=VALUE", help="as for `wheels build`")
+        also_python(sp)
 
     wv = wsub.add_parser("verify", help="verify a wheel for a cell (archs, import, torch pin, auditwheel)")
     wheel_args(wv)
@@ -719,6 +745,7 @@ def build_parser() -> argparse.ArgumentParser:
     ib.add_argument("--base-url", help="link wheels here (e.g. release assets) instead of copying them; upload "
                     "SITE/files/*.metadata there too")
     ib.add_argument("--site-url", help="where the site is served (absolute URLs on the landing page)")
+    ib.add_argument("--file", help="matrix file: its torch releases are the keys a stable-ABI wheel is listed under")
     ib.set_defaults(func=_cmd_index_build)
     ik = isub.add_parser("key", help="the index key of an environment (default: --python's torch)")
     ik.add_argument("--python", default=sys.executable, help="interpreter whose torch decides (default: this one)")

@@ -75,7 +75,13 @@ def cell_wheel(pkg: PackageBuild, wheels: Path | None, test_builds: bool) -> Pat
         found = [exact] if exact.is_file() else []
         if not found and test_builds:
             name, version, rest = pkg.wheel.split("-", 2)
-            found = sorted(wheels.glob(f"{name}-{version}.sm*-{rest}"))
+            public, _, local = version.partition("+")
+            stable = naming.parse_stable_local(local)
+            if stable is not None:  # a stable-ABI test build: fewer archs and/or trimmed ('.sm90', '.sm90.trim...')
+                found = sorted(w for w in wheels.glob(f"{name}-{public}+{stable[0]}torch{stable[1]}stable.*-{rest}")
+                               if w.name != pkg.wheel)
+            else:
+                found = sorted(wheels.glob(f"{name}-{version}.sm*-{rest}"))
         for src in found:
             if not src.with_name(src.name + ".verify.json").is_file():
                 raise AttnkitError(f"wheelhouse: {src.name} has no verification report; refusing an unverified wheel")

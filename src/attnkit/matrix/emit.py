@@ -24,7 +24,8 @@ def cell_dict(c: Cell) -> dict[str, Any]:
         "python": c.python,
         "cxx11_abi": c.cxx11_abi,
         "cuda_archs": list(c.cuda_archs),
-        "packages": {p.name: {"version": p.version, "archs": list(p.archs), "built_in": p.built_in}
+        "packages": {p.name: {"version": p.version, "archs": list(p.archs), "built_in": p.built_in,
+                              **({"abi": p.abi, "min_torch": p.min_torch} if p.abi == "stable" else {})}
                      for p in c.packages},
         "wheels": {p.name: p.wheel for p in c.packages},
         "pypi_packages": {p.name: {"version": p.version, "requirements": list(p.requirements), "archs": list(p.archs)}
@@ -44,7 +45,8 @@ def to_github(cells: list[Cell], package: str | None = None, shards: bool = Fals
 
     Without a package: one job per cell (images). With one: one job per distinct wheel of that package, in
     the cell that builds it (expand.builders: cells can share a wheel), which links it; with `shards`, one
-    job per compile shard of each such wheel instead (`shard`: "i/N").
+    job per compile shard of each such wheel instead (`shard`: "i/N"). A stable-ABI package (abi: stable)
+    has one wheel per CUDA major, so one job per CUDA major: `abi` and `min_torch` say so in its entries.
     """
     include: list[dict[str, Any]] = []
     for c in cells:
@@ -60,7 +62,10 @@ def to_github(cells: list[Cell], package: str | None = None, shards: bool = Fals
             p = c.package(package)
             if p is None or p.built_in != c.id:
                 continue
-            entry.update(package=p.name, version=p.version, wheel=p.wheel, archs=";".join(p.archs), shards=p.shards)
+            entry.update(package=p.name, version=p.version, wheel=p.wheel, archs=";".join(p.archs), shards=p.shards,
+                         abi=p.abi)
+            if p.min_torch is not None:
+                entry["min_torch"] = p.min_torch
             if shards:
                 include.extend({**entry, "shard": f"{i}/{p.shards}"} for i in range(1, p.shards + 1))
                 continue

@@ -20,6 +20,8 @@ class PackageBuild:
     wheel: str
     built_in: str  # id of the cell whose job builds this wheel (cells can share one wheel, see builders())
     shards: int = 1  # compile jobs in CI for this wheel (matrix.yaml packages.<name>.shards)
+    abi: str = "cell"  # "stable": one wheel per CUDA major serves every cell of a torch >= min_torch
+    min_torch: str | None = None  # abi "stable": the torch floor its wheel requires (torch>=min_torch)
 
 
 @dataclass(frozen=True)
@@ -66,12 +68,16 @@ class CellFilter:
     package: str | None = None
 
 
-def package_reasons(pkg_name: str, pkg: Package | PypiPackage, torch: str, cuda: str | None) -> list[str]:
+def package_reasons(pkg_name: str, pkg: Package | PypiPackage, torch: str, cuda: str | None,
+                    python: str | None = None) -> list[str]:
     """Why a package is not built for a cell; [] when it is."""
     lim = pkg.limits
     if cuda is None:
         return [f"{pkg_name} needs CUDA (this is a CPU cell)"]
     reasons = []
+    if isinstance(pkg, Package) and pkg.min_python is not None and python is not None \
+            and vkey(python) < vkey(pkg.min_python):
+        reasons.append(f"{pkg_name} {pkg.version} needs Python >= {pkg.min_python}")
     if vkey(cuda) < vkey(lim.min_cuda):
         reasons.append(f"{pkg_name} {pkg.version} needs CUDA >= {lim.min_cuda}")
     if vkey(torch) < vkey(lim.min_torch):
@@ -100,6 +106,41 @@ def _newest_python(cells: list[tuple[str, str | None, str]]) -> dict[tuple[str, 
     return newest
 
 
+def _stable_builds(m: Matrix, triples: list[tuple[str, str | None, str]]
+                   ) -> dict[tuple[str, str], tuple[str, tuple[str, str, str]]]:
+    """(package, CUDA major label) -> (wheel file name, the (torch, cuda, python) that builds it), for the
+    stable-ABI packages: ONE wheel per CUDA major serves every cell of that major whose torch and Python are
+    at or above the package's floors. Its builder: a cell whose toolkit gives the most archs; among those the
+    reference cell's torch and CUDA (the machine we test on builds what it tests: any torch at or above the
+    floor builds the same stable-ABI wheel), else the newest toolkit, then the newest torch; then the reference
+    cell's Python. The arch set in the name is the builder's."""
+    ref = m.reference_cell
+    best: dict[tuple[str, str], tuple[str, str, str]] = {}
+
+    def rank(pkg: Package, t: tuple[str, str, str]) -> tuple[object, ...]:
+        return (len(_package_archs(m, pkg, t[1])), (t[0], t[1]) == (ref.torch, ref.cuda), vkey(t[1]), vkey(t[0]), t[2] == ref.python,
+                vkey(t[2]))
+
+    for torch, cuda, python in triples:
+        if cuda is None:
+            continue
+        for name, pkg in m.packages.items():
+            if pkg.abi != "stable" or package_reasons(name, pkg, torch, cuda, python):
+                continue
+            k = (str(name), naming.cuda_label(cuda))
+            if k not in best or rank(pkg, (torch, cuda, python)) > rank(pkg, best[k]):
+                best[k] = (torch, cuda, python)
+    out: dict[tuple[str, str], tuple[str, tuple[str, str, str]]] = {}
+    for (pname, label), (bt, bc, bp) in best.items():
+        pkg = m.packages[pname]  # type: ignore[index]
+        assert pkg.min_python is not None  # schema.problems: abi stable has min_python
+        fname = naming.stable_wheel_filename(pname, pkg.version, cuda=bc, min_torch=pkg.limits.min_torch,
+                                             min_python=pkg.min_python, archs=_package_archs(m, pkg, bc),
+                                             machine=naming.platform_machine(m.publish.platforms[0]))
+        out[(pname, label)] = (fname, (bt, bc, bp))
+    return out
+
+
 def _wheel_name(m: Matrix, name: str, pkg: Package, torch: str, cuda: str, python: str) -> str:
     return naming.wheel_filename(name, pkg.version, cuda=cuda, torch=torch, cxx11_abi=m.torch[torch].cxx11_abi,
                                  python=python, wheel_tag=pkg.wheel_tag,
@@ -125,27 +166,34 @@ def builders(m: Matrix, triples: list[tuple[str, str | None, str]]) -> dict[str,
         if cuda is None:
             continue
         for name, pkg in m.packages.items():
-            if package_reasons(name, pkg, torch, cuda):
+            if pkg.abi == "stable" or package_reasons(name, pkg, torch, cuda, python):
                 continue
             fname = _wheel_name(m, name, pkg, torch, cuda, python)
             cur = out.get(fname)
             if cur is None or rank(cuda, python) > rank(cur[1], cur[2]):
                 out[fname] = (torch, cuda, python)
+    for fname, builder in _stable_builds(m, triples).values():
+        out[fname] = builder
     return out
 
 
 def _make_cell(m: Matrix, torch: str, cuda: str | None, python: str, newest: bool,
-               builder: dict[str, tuple[str, str, str]]) -> Cell:
+               builder: dict[str, tuple[str, str, str]],
+               stable: dict[tuple[str, str], tuple[str, tuple[str, str, str]]]) -> Cell:
     rel = m.torch[torch]
     packages: list[PackageBuild] = []
     if cuda is not None:
         for name, pkg in m.packages.items():
-            if package_reasons(name, pkg, torch, cuda):
+            if package_reasons(name, pkg, torch, cuda, python):
                 continue
-            wheel = _wheel_name(m, name, pkg, torch, cuda, python)
+            if pkg.abi == "stable":
+                wheel = stable[(name, naming.cuda_label(cuda))][0]
+            else:
+                wheel = _wheel_name(m, name, pkg, torch, cuda, python)
             bt, bc, bp = builder[wheel]
             packages.append(PackageBuild(name, pkg.version, _package_archs(m, pkg, bc), wheel,
-                                         naming.cell_id(bt, bc, bp), pkg.shards))
+                                         naming.cell_id(bt, bc, bp), pkg.shards, pkg.abi,
+                                         pkg.limits.min_torch if pkg.abi == "stable" else None))
     pypi: list[PypiBuild] = []
     for pname, pp in m.pypi_packages.items():
         if cuda is None or package_reasons(pname, pp, torch, cuda) or vkey(python) > vkey(pp.max_python):
@@ -193,7 +241,8 @@ def all_cells(m: Matrix) -> list[Cell]:
     triples.sort(key=lambda t: (t[1] is None, vkey(t[0]), vkey(t[1] or "0.0"), vkey(t[2])))
     newest = _newest_python(triples)
     builder = builders(m, triples)
-    return [_make_cell(m, t, c, p, newest[(t, c)] == p, builder) for t, c, p in triples]
+    stable = _stable_builds(m, triples)
+    return [_make_cell(m, t, c, p, newest[(t, c)] == p, builder, stable) for t, c, p in triples]
 
 
 def _check_filter(m: Matrix, f: CellFilter) -> None:

@@ -4,6 +4,13 @@ wheel file names. Everything else calls these functions; nothing formats a name 
 Wheel names follow upstream flash-attn's release naming
 (`flash_attn-{ver}+cu{CUDA major}torch{X.Y}cxx11abi{TRUE|FALSE}-cp{XY}-cp{XY}-linux_{machine}.whl`,
 see its setup.py `get_wheel_url`) so people and tools that know upstream's scheme find ours.
+
+A stable-ABI package (matrix.yaml `abi: stable`: built against torch's stable C ABI with TORCH_TARGET_VERSION
+and as a CPython limited-API extension) is one wheel per CUDA major and arch set that serves every torch from
+its minimum on and every Python from its minimum on. Its name says exactly that, the way upstream tags such
+wheels (flash-attention's hopper/setup.py: py_limited_api, `cp39-abi3`):
+`flash_attn_3-{ver}+cu{major}torch{min}stable.sm80sm90-cp39-abi3-linux_{machine}.whl`. The local label
+names the CUDA major, the torch floor (stable ABI: `torch>=min`) and the GPU archs inside.
 """
 
 from __future__ import annotations
@@ -98,8 +105,71 @@ def parse_local_version(local: str) -> tuple[str, str, bool] | None:
     return (m.group(1).lower(), m.group(2), m.group(3).upper() == "TRUE") if m else None
 
 
-def wheel_tags(wheel_tag: str, python: str) -> tuple[str, str]:
-    """(python tag, abi tag) for a package's tag style."""
+_STABLE_LOCAL = re.compile(r"(cu\d+)torch(\d+\.\d+)stable\.((?:sm\d+(?:ptx)?)+)", flags=re.IGNORECASE)
+
+
+def arch_token(arch: str | int) -> str:
+    """'9.0', '9.0+PTX', '90' or 90 -> 'sm90' ('sm90ptx' with PTX): one arch as a stable wheel's name lists it."""
+    text = str(arch)
+    m = re.fullmatch(r"(\d+)\.(\d+)(\+PTX)?", text)
+    if m:
+        return f"sm{int(m.group(1)) * 10 + int(m.group(2))}" + ("ptx" if m.group(3) else "")
+    if re.fullmatch(r"\d{2,3}", text):
+        return f"sm{text}"
+    raise ValueError(f"arch {text!r}: expected '9.0', '9.0+PTX' or '90'")
+
+
+def options_marker(options: tuple[tuple[str, str], ...]) -> str | None:
+    """'trim1a2b3c4d' for a build with recipe options set (FLASH_ATTENTION_DISABLE_FP8=TRUE, ...): a test build
+    for fewer cases gets its own name, so it never passes for the full wheel; None without options."""
+    if not options:
+        return None
+    import hashlib
+
+    text = "\n".join(f"{k}={v}" for k, v in sorted(options))
+    return "trim" + hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def stable_local_version(cuda: str, min_torch: str, archs: list[str] | tuple[str, ...],
+                         trim: str | None = None) -> str:
+    """'cu13torch2.9stable.sm80sm90': a stable-ABI build for CUDA 13.x, torch >= 2.9, GPU code for sm_80 and
+    sm_90. Never an index key itself (parse_local_version does not read it): the index lists the wheel under
+    every key it serves (stable_serves)."""
+    if not archs:
+        raise ValueError("a stable-ABI wheel names its archs; none given")
+    base = f"{cuda_label(cuda)}torch{min_torch}stable.{''.join(arch_token(a) for a in archs)}"
+    return f"{base}.{trim}" if trim else base
+
+
+def parse_stable_local(local: str) -> tuple[str, str, tuple[str, ...]] | None:
+    """Inverse of stable_local_version: 'cu13torch2.9stable.sm80sm90' -> ('cu13', '2.9', ('sm80', 'sm90'))."""
+    m = _STABLE_LOCAL.fullmatch(local)
+    if not m:
+        return None
+    return m.group(1).lower(), m.group(2), tuple(re.findall(r"sm\d+(?:ptx)?", m.group(3).lower()))
+
+
+def stable_serves(local: str, key: str) -> bool:
+    """Whether the stable-ABI wheel labelled `local` serves the environment key `key`: same CUDA major and the
+    key's torch at or above the wheel's floor (any C++ ABI: the stable ABI is C)."""
+    st, k = parse_stable_local(local), parse_local_version(key)
+    if st is None or k is None:
+        return False
+    return st[0] == k[0] and _minor_key(k[1]) >= _minor_key(st[1])
+
+
+def _minor_key(minor: str) -> tuple[int, int]:
+    major, _, rest = minor.partition(".")
+    return int(major), int(rest)
+
+
+def wheel_tags(wheel_tag: str, python: str, min_python: str | None = None) -> tuple[str, str]:
+    """(python tag, abi tag) for a package's tag style. 'abi3': CPython's limited API from `min_python` on
+    ('cp39', 'abi3'), one wheel for every later CPython."""
+    if wheel_tag == "abi3":
+        if min_python is None:
+            raise ValueError("wheel_tag 'abi3' needs min_python")
+        return cpython_tag(min_python), "abi3"
     if wheel_tag == "cpython":
         return cpython_tag(python), cpython_tag(python)
     if wheel_tag == "py39-none":
@@ -117,7 +187,17 @@ def platform_machine(platform: str) -> str:
 
 
 def wheel_filename(package: str, version: str, *, cuda: str, torch: str, cxx11_abi: bool,
-                   python: str, wheel_tag: str, machine: str = "x86_64", arch_subset: str | None = None) -> str:
+                   python: str, wheel_tag: str, machine: str = "x86_64", arch_subset: str | None = None,
+                   trim: str | None = None) -> str:
     py, abi = wheel_tags(wheel_tag, python)
-    local = wheel_local_version(cuda, torch, cxx11_abi, arch_subset)
+    local = wheel_local_version(cuda, torch, cxx11_abi, arch_subset) + (f".{trim}" if trim else "")
+    return f"{dist_name(package)}-{version}+{local}-{py}-{abi}-linux_{machine}.whl"
+
+
+def stable_wheel_filename(package: str, version: str, *, cuda: str, min_torch: str, min_python: str,
+                          archs: list[str] | tuple[str, ...], machine: str = "x86_64", trim: str | None = None) -> str:
+    """'flash_attn_3-3.0.0+cu13torch2.9stable.sm80sm90-cp39-abi3-linux_x86_64.whl' (see the module's note); a
+    trimmed test build ends its label with options_marker's '.trim1a2b3c4d', which no index key serves."""
+    py, abi = wheel_tags("abi3", "", min_python)
+    local = stable_local_version(cuda, min_torch, archs, trim)
     return f"{dist_name(package)}-{version}+{local}-{py}-{abi}-linux_{machine}.whl"

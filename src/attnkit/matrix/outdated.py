@@ -52,7 +52,8 @@ def pins(m: Matrix) -> dict[str, list[str]]:
     from attnkit.images.wheelhouse import CUDNN_FRONTEND_VERSION
 
     out: dict[str, list[str]] = {"torch": [rel.version for rel in m.torch.values()]}
-    out.update({name: [pkg.version] for name, pkg in m.packages.items()})
+    # a package pinned by git commit (FlashAttention-3) is not on PyPI: its releases are git tags, not checked here
+    out.update({name: [pkg.version] for name, pkg in m.packages.items() if pkg.sdist is not None})
     out.update({name: [pp.version] for name, pp in m.pypi_packages.items()})
     out["nvidia-cudnn-frontend"] = [CUDNN_FRONTEND_VERSION]
     return out

@@ -166,6 +166,42 @@ class Sdist(_Strict):
     sha256: Sha256
 
 
+_COMMIT_RE = re.compile(r"[0-9a-f]{40}\Z", re.ASCII)
+_REL_PATH_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/-]{0,199}\Z", re.ASCII)
+
+
+def _commit(value: str) -> str:
+    if not _COMMIT_RE.match(value):
+        raise ValueError(f"{value[:80]!r} is not a git commit (40 lowercase hex digits; a tag or branch can move)")
+    return value
+
+
+def _rel_path(value: str) -> str:
+    if not _REL_PATH_RE.match(value) or ".." in value.split("/"):
+        raise ValueError(f"{value[:80]!r} is not a path inside the repository (letters, digits, '._-/', no '..')")
+    return value
+
+
+GitCommit = Annotated[str, AfterValidator(_commit)]
+RepoPath = Annotated[str, AfterValidator(_rel_path)]
+
+
+class GitSubmodule(_Strict):
+    url: Url = Field(pattern=r"^https://")
+    commit: GitCommit  # must be the commit the superproject's tree records for this path (checked when fetched)
+    paths: list[RepoPath] = Field(default_factory=list)  # what of it the build reads (empty: everything)
+
+
+class GitSource(_Strict):
+    """A source pinned by commit where no sdist is published (FlashAttention-3: hopper/ of flash-attention)."""
+
+    url: Url = Field(pattern=r"^https://")
+    commit: GitCommit
+    subdir: RepoPath | None = None  # the folder with setup.py
+    paths: list[RepoPath] = Field(default_factory=list)  # what of the tree the build reads (empty: everything)
+    submodules: dict[RepoPath, GitSubmodule] = Field(default_factory=dict)
+
+
 class PackageArch(_Strict):
     sm: SmNumber
     min_cuda: MinorVersion
@@ -181,13 +217,20 @@ class Package(_Strict):
     version: ReleaseVersion
     import_name: str
     extension: str
-    sdist: Sdist
-    wheel_tag: Literal["cpython", "py39-none"]
+    sdist: Sdist | None = None  # the published sdist, or, where there is none,
+    git: GitSource | None = None  # a commit of the repository (exactly one of the two)
+    wheel_tag: Literal["cpython", "py39-none", "abi3"]
     archs: list[PackageArch] | Literal["torch"]
     limits: PackageLimits
     source: str
     # compile jobs per wheel in CI: wheels.yml runs this many shard jobs, then one link job (wheels/shards.py)
     shards: int = Field(default=1, ge=1, le=64)
+    # "cell": built against one torch's C++ ABI, one wheel per torch x CUDA major (x Python for cpython tags).
+    # "stable": built against torch's stable C ABI (TORCH_TARGET_VERSION = limits.min_torch) as a CPython
+    # limited-API extension (wheel_tag abi3 from min_python): ONE wheel per CUDA major and arch set serves every
+    # torch >= limits.min_torch and every Python >= min_python (naming.stable_wheel_filename)
+    abi: Literal["cell", "stable"] = "cell"
+    min_python: MinorVersion | None = None  # abi: stable only: the oldest CPython of its limited API (cp39-abi3)
 
 
 class PypiPackage(_Strict):
@@ -241,7 +284,7 @@ class Matrix(_Strict):
     torch: dict[MinorVersion, TorchRelease] = Field(min_length=1)
     cuda: dict[MinorVersion, CudaToolkit] = Field(min_length=1)
     cpu: CpuSection
-    packages: dict[Literal["flash-attn", "xformers"], Package]
+    packages: dict[Literal["flash-attn", "xformers", "flash-attn-3"], Package]
     pypi_packages: dict[Literal["flash-attn-4"], PypiPackage] = Field(default_factory=dict)
     publish: Publish
     build: BuildRules
@@ -311,6 +354,27 @@ def _repeats(loc: tuple[str | int, ...], items: Sequence[str]) -> list[Problem]:
     return out
 
 
+def _abi_problems(name: str, pkg: Package) -> list[Problem]:
+    """A stable-ABI package is an abi3 wheel with a Python floor; a per-cell one is neither."""
+    loc = ("packages", name)
+    if (pkg.sdist is None) == (pkg.git is None):
+        return [(loc, "give its source as sdist (url, sha256) or git (url, commit), exactly one of the two")]
+    if pkg.abi == "stable":
+        out: list[Problem] = []
+        if pkg.wheel_tag != "abi3":
+            out.append(((*loc, "wheel_tag"), f"{pkg.wheel_tag!r}: a package with abi: stable is a limited-API wheel; "
+                                             "allowed: 'abi3'"))
+        if pkg.min_python is None:
+            out.append(((*loc, "abi"), "abi: stable needs min_python (the oldest CPython of its abi3 tag, e.g. '3.9')"))
+        return out
+    if pkg.wheel_tag == "abi3":
+        return [((*loc, "wheel_tag"), "'abi3' is for abi: stable packages (one wheel for every torch >= "
+                                      "limits.min_torch); allowed: 'cpython', 'py39-none', or set abi: stable")]
+    if pkg.min_python is not None:
+        return [((*loc, "min_python"), "only for abi: stable packages (their abi3 floor); remove it")]
+    return []
+
+
 def problems(m: Matrix) -> list[Problem]:
     """Every fact that spans fields, checked ONCE, by the loader, which names the line of each: releases and
     their CUDAs are described, and every cell the build rules name (include, cpu, reference) is one that
@@ -332,6 +396,8 @@ def problems(m: Matrix) -> list[Problem]:
                     known = ", ".join(sorted(m.cuda, key=vkey))
                     out.append((("torch", minor, "cuda", field_name, i),
                                 f"CUDA {cuda} has no entry under cuda: (described: {known})"))
+    for pname, pkg in m.packages.items():
+        out += _abi_problems(pname, pkg)
     for name, pp in m.pypi_packages.items():
         for label, reqs in pp.requires.items():
             pins = [_exact_pin(r) for r in reqs]

@@ -12,12 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from attnkit.errors import AttnkitError
-from attnkit.matrix import naming
 from attnkit.wheels.recipe import BuildSpec
 
 
 def finalize(built: Path, spec: BuildSpec, out: Path, *, python: str = sys.executable, machine: str | None = None,
-             verify: bool = True) -> tuple[Path, dict[str, Any] | None]:
+             verify: bool = True, also: tuple[str, ...] = ()) -> tuple[Path, dict[str, Any] | None]:
     """A freshly built wheel -> its published name and torch pin (retag) -> verified -> moved into `out`.
     Shared by the native driver and cibuildwheel's repair step, so both accept wheels the same way."""
     import platform
@@ -27,16 +26,14 @@ def finalize(built: Path, spec: BuildSpec, out: Path, *, python: str = sys.execu
 
     cell = spec.cell
     assert cell.cuda is not None
-    filename = naming.wheel_filename(spec.package, spec.version, cuda=cell.cuda, torch=cell.torch,
-                                     cxx11_abi=cell.cxx11_abi, python=cell.python, wheel_tag=spec.wheel_tag, arch_subset=spec.arch_subset,
-                                     machine=machine or platform.machine())
+    filename = spec.wheel_filename(machine or platform.machine())
     with tempfile.TemporaryDirectory(prefix="attnkit-stage-") as tmp:
-        staged = retag(built, Path(tmp), filename, cell.torch)
+        staged = retag(built, Path(tmp), filename, cell.torch, spec.torch_requirement())
         if not verify:
             return accept(staged, out, None), None
         from attnkit.wheels.verify import verify_wheel
 
-        vr = verify_wheel(staged, spec, python=python)
+        vr = verify_wheel(staged, spec, python=python, also=also)
         if not vr.ok:
             raise AttnkitError(f"verify: {staged.name} rejected: {'; '.join(vr.problems)}")
         return accept(staged, out, vr.to_dict()), vr.to_dict()

@@ -42,6 +42,7 @@ def recipe_env(spec: BuildSpec, jobs: int) -> dict[str, str]:
     Shared by the native build and `attnkit wheels env` (CI, cibuildwheel)."""
     knobs = spec.recipe.build
     env = dict(knobs.env)
+    env.update(spec.options)  # a trimmed test build's recipe options (--option)
     env[knobs.arch_env] = format_archs(list(spec.archs), knobs.arch_format)
     env[knobs.jobs_env] = str(jobs)
     if knobs.nvcc_threads_env:
@@ -173,7 +174,7 @@ def _log_tail(path: Path) -> str:
 def build_wheel(spec: BuildSpec, out: Path, *, python: str = sys.executable, build_dir: Path | None = None,
                 toolkit: str = "auto", jobs: int | None = None, verify: bool = True,
                 shard: tuple[int, int] | None = None, link_only: bool = False, plan_only: bool = False,
-                objects: Path | None = None, costs: list[Path] | None = None) -> BuildReport:
+                objects: Path | None = None, costs: list[Path] | None = None, also: tuple[str, ...] = ()) -> BuildReport:
     """Build, accept and report one wheel; or, sharded (wheels/shards.py): `plan_only` lists the compile
     units, `shard=(i, n)` compiles shard i's units into the object store `objects`, `link_only` gathers every
     unit from that store, links, and accepts the wheel exactly as an unsharded build does."""
@@ -219,7 +220,7 @@ def build_wheel(spec: BuildSpec, out: Path, *, python: str = sys.executable, bui
                                "shard of this cell with the same source, flags, toolkit and torch first)")
     if built is None:  # a plan or a shard: nothing to link
         return report
-    final, verified = finalize(built, spec, out, python=python, machine=env_info.machine, verify=verify)
+    final, verified = finalize(built, spec, out, python=python, machine=env_info.machine, verify=verify, also=also)
     report.verify = verified or {}
     report.wheel = final.name
     # verification already hashed these exact bytes (accept copies them); hash again only when it did not run

@@ -5,6 +5,13 @@
     SITE/cells/<cell>.html                  one find-links page per cell
     SITE/files/<wheel>[.metadata]           the wheels (unless --base-url) and their METADATA (PEP 658)
 
+    SITE/stable/simple/<project>/index.html every stable-ABI wheel, whatever key (`attnkit install` reads it to
+                                            say why an environment below a wheel's torch floor gets none)
+
+A stable-ABI wheel (local label 'cu13torch2.9stable.sm90', naming.stable_local_version) is listed under every
+key it serves: each key of the matrix's torch releases (and of the other wheels indexed) with its CUDA major
+and a torch at or above its floor; Python is its abi3 tag's business (cp39-abi3: every CPython >= 3.9).
+
 The key is the wheels' local version label (naming.index_key). No flat index over all keys is written:
 PEP 440 orders local labels segment by segment as text, so pip and uv pick torch2.9's wheel over torch2.11's
 there (and downgrade torch). Only verified wheels go in: each needs its `<wheel>.verify.json`, passed, with
@@ -29,6 +36,7 @@ from packaging.version import InvalidVersion, Version
 
 from attnkit.errors import AttnkitError, UsageError
 from attnkit.matrix import naming
+from attnkit.matrix.schema import Matrix
 from attnkit.wheels.accept import verification_path
 from attnkit.wheels.retag import metadata_bytes, parse_metadata
 
@@ -142,6 +150,9 @@ def collect(src: Path) -> list[Entry]:
         key = local_label(w.name)
         if key:
             _safe_part(key, "local version label", w.name)
+            if naming.parse_stable_local(key) is not None and "abi3" not in w.name.rsplit("-", 2)[-2]:
+                raise AttnkitError(f"{w.name}: a stable-ABI label (+{key}) on a wheel not tagged abi3; only "
+                                   "limited-API wheels serve several torch minors")
         if not key:
             raise AttnkitError(f"{w.name}: no local version label (+cu13torch2.11cxx11abiTRUE); only wheels named by "
                                f"attnkit's pipeline are indexed, one index per label")
@@ -154,6 +165,40 @@ def collect(src: Path) -> list[Entry]:
         entries.append(Entry(canonicalize_name(name), w.name, str(version), key, sha, meta_sha, rp, str(rep["cell"]),
                              len(data)))
     return entries
+
+
+STABLE_DIR = "stable"  # SITE/stable/simple/: every stable-ABI wheel
+
+
+def served_keys(label: str, matrix: Matrix | None, other_keys: set[str]) -> list[str]:
+    """The index keys a stable-ABI wheel labelled `label` is listed under: of the matrix's torch releases (every
+    CUDA each ships) and of the other wheels being indexed, those naming.stable_serves says it serves."""
+    cands = set(other_keys)
+    if matrix is not None:
+        for minor, rel in matrix.torch.items():
+            for cuda in rel.all_cuda():
+                cands.add(naming.index_key(cuda, minor, rel.cxx11_abi))
+    return sorted((k for k in cands if naming.stable_serves(label, k)),
+                  key=lambda k: naming.parse_local_version(k) or ("", "0.0", True))
+
+
+def expand_stable(entries: list[Entry], matrix: Matrix | None) -> list[Entry]:
+    """Per-key entries: a stable-ABI wheel once under each key it serves (it must serve one)."""
+    import dataclasses
+
+    cell_keys = {e.key for e in entries if naming.parse_stable_local(e.key) is None}
+    out = []
+    for e in entries:
+        if naming.parse_stable_local(e.key) is None:
+            out.append(e)
+            continue
+        keys = served_keys(e.key, matrix, cell_keys)
+        if not keys:
+            cuda, floor, _ = naming.parse_stable_local(e.key) or ("?", "?", ())
+            raise AttnkitError(f"{e.filename}: serves no index key: no torch >= {floor} with CUDA {cuda[2:]}.x in the "
+                               f"matrix{'' if matrix is not None else ' (none given)'} or among the wheels indexed")
+        out.extend(dataclasses.replace(e, key=k) for k in keys)
+    return out
 
 
 def install_commands(index_url: str, project: str, version: str | None = None) -> dict[str, str]:
@@ -218,14 +263,17 @@ def _landing(keys: dict[str, list[Entry]], site_url: str | None) -> tuple[str, l
     return _page("attnkit wheels", body), table
 
 
-def build_index(src: Path, out: Path, base_url: str | None = None, site_url: str | None = None) -> list[Entry]:
+def build_index(src: Path, out: Path, base_url: str | None = None, site_url: str | None = None,
+                matrix: Matrix | None = None) -> list[Entry]:
     """Write the site to `out` (replaced as a whole, never half-written). Without `base_url` the wheels are
     copied to out/files/ and linked relatively; with it, links point to `base_url + filename` (release assets),
     and the `.metadata` files in out/files/ must be uploaded beside them (PEP 658 puts them at the wheel's URL
-    + '.metadata'). `site_url`: where the site will be served, for absolute URLs in the landing page."""
+    + '.metadata'). `site_url`: where the site will be served, for absolute URLs in the landing page.
+    `matrix`: its torch releases are keys a stable-ABI wheel is listed under. Returns one entry per key."""
     base_url = check_base_url(base_url)
     check_out(src, out)
-    entries = collect(src)
+    found = collect(src)
+    entries = expand_stable(found, matrix)
     out = out.resolve()
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -239,10 +287,11 @@ def build_index(src: Path, out: Path, base_url: str | None = None, site_url: str
         cells: dict[str, list[Entry]] = {}
         for e in entries:
             keys.setdefault(e.key, []).append(e)
+        for e in found:
             cells.setdefault(e.cell, []).append(e)
         files = stage / "files"
         files.mkdir()
-        for e in entries:
+        for e in found:
             if base_url is None:
                 shutil.copyfile(src / e.filename, files / e.filename)
             (files / f"{e.filename}.metadata").write_bytes(metadata_bytes(src / e.filename))
@@ -258,6 +307,12 @@ def build_index(src: Path, out: Path, base_url: str | None = None, site_url: str
                 (simple / p).mkdir()
                 (simple / p / "index.html").write_text(_page(f"Links for {p} ({key})",
                                                              [_anchor(e, 3, base_url) for e in pes]))
+        stable = [e for e in found if naming.parse_stable_local(e.key) is not None]
+        for p in sorted({e.project for e in stable}):
+            (stage / STABLE_DIR / "simple" / p).mkdir(parents=True)
+            (stage / STABLE_DIR / "simple" / p / "index.html").write_text(_page(
+                f"Stable-ABI wheels of {p} (every key they serve is listed at the root)",
+                [_anchor(e, 3, base_url) for e in stable if e.project == p]))
         (stage / "cells").mkdir()
         for c, es in cells.items():
             (stage / "cells" / f"{c}.html").write_text(_page(f"attnkit wheels for {c}",

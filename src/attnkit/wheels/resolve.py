@@ -98,9 +98,24 @@ def listing(simple: str, project: str, source: str = "--index") -> list[Candidat
     return out
 
 
-def choose(cands: list[Candidate], env: PyEnv, project: str) -> Candidate:
+def stable_listing(index: str, project: str) -> list[Candidate]:
+    """The site's stable-ABI wheels of `project` (SITE/stable/simple/), [] when the site has none or `index`
+    is one simple index rather than a site."""
+    url = _as_url(index).rstrip("/")
+    if url.rsplit("/", 1)[-1] == "simple":
+        return []
+    try:
+        return listing(f"{url}/stable/simple/", project)
+    except AttnkitError:
+        return []
+
+
+def choose(cands: list[Candidate], env: PyEnv, project: str, stable: list[Candidate] | None = None) -> Candidate:
     """The highest version among the wheels of the environment's key whose tags it supports; ties go to the
-    tag the interpreter prefers (a cp312 wheel over a py39-none one, manylinux_2_28 over linux)."""
+    tag the interpreter prefers (a cp312 wheel over a py39-none one, manylinux_2_28 over linux). Where no
+    wheel was built for the key itself, a stable-ABI wheel that serves it (its CUDA major, a torch at or above
+    its floor): the most archs, then the highest version. `stable`: the site's stable-ABI wheels, which say
+    why none serves an environment whose torch is below their floor."""
     key = env.index_key()
     mine = naming.parse_local_version(key)
     rank = {t: i for i, t in enumerate(env.tags)}
@@ -112,11 +127,32 @@ def choose(cands: list[Candidate], env: PyEnv, project: str) -> Candidate:
     fits = [c for c in cands if naming.parse_local_version(c.local) == mine and best_tag(c) is not None]
     if fits:
         return max(fits, key=lambda c: (c.version, -(best_tag(c) or 0)))
+    pool = {c.filename: c for c in [*(stable or []), *cands] if naming.parse_stable_local(c.local) is not None}
+    by_torch = [c for c in pool.values() if naming.stable_serves(c.local, key)]
+    serving = [c for c in by_torch if best_tag(c) is not None]
+    if serving:
+        return max(serving, key=lambda c: (len((naming.parse_stable_local(c.local) or ("", "", ()))[2]), c.version,
+                                           -(best_tag(c) or 0)))
+    assert mine is not None
+    below = [c for c in pool.values() if (naming.parse_stable_local(c.local) or ("",))[0] == mine[0]
+             and not naming.stable_serves(c.local, key)]
+    if below and not by_torch and not [c for c in cands if naming.parse_local_version(c.local) is not None]:
+        c = min(below, key=lambda c: c.filename)
+        floor = (naming.parse_stable_local(c.local) or ("", "?"))[1]
+        raise AttnkitError(f"{project}: its stable-ABI wheel {c.filename} needs torch >= {floor}; this environment "
+                           f"has torch {env.torch} (+{key}), below that floor, and no {project} wheel is built for "
+                           f"torch {mine[1]}: upgrade torch to {floor} or newer")
     if not cands:
         raise AttnkitError(f"no {project} wheels in the index")
 
     def diff(c: Candidate) -> list[str]:
         theirs = naming.parse_local_version(c.local)
+        st = naming.parse_stable_local(c.local)
+        if st is not None:
+            d = [f"stable ABI for {st[0]} torch >= {st[1]}"]
+            if best_tag(c) is None:
+                d.append(f"tags {'/'.join(sorted(c.tags))} (this Python {env.python} takes e.g. {env.tags[0]})")
+            return d
         if theirs is None:
             return [f"not an attnkit build for one environment (local version {c.local or 'none'})"]
         assert mine is not None

@@ -45,12 +45,13 @@ def _header_name(line: bytes) -> str | None:
     return line.split(b":", 1)[0].decode("utf-8").strip().lower()
 
 
-def rewrite_metadata(raw: bytes, version: str, torch_minor: str) -> bytes:
-    """Set Version and make the one torch requirement `torch_pin(torch_minor)`, in the header block only."""
+def rewrite_metadata(raw: bytes, version: str, torch_minor: str, requirement: str | None = None) -> bytes:
+    """Set Version and make the one torch requirement `torch_pin(torch_minor)` (or `requirement`: a stable-ABI
+    wheel's floor, 'torch>=2.9'), in the header block only."""
     lines, body = _split_headers(raw)
     out: list[bytes] = []
     pinned, skip_continuation = False, False
-    pin = f"Requires-Dist: {torch_pin(torch_minor)}".encode()
+    pin = f"Requires-Dist: {requirement or torch_pin(torch_minor)}".encode()
     for line in lines:
         name = _header_name(line)
         if name is None:
@@ -79,9 +80,10 @@ def rewrite_metadata(raw: bytes, version: str, torch_minor: str) -> bytes:
     return eol.join(out) + body
 
 
-def retag(src: Path, dest_dir: Path, filename: str, torch_minor: str) -> Path:
+def retag(src: Path, dest_dir: Path, filename: str, torch_minor: str, requirement: str | None = None) -> Path:
     """Rewrite `src` as dest_dir/filename (whose version carries the local part). Written to a temporary
-    name and renamed, so dest_dir never holds a half-written wheel."""
+    name and renamed, so dest_dir never holds a half-written wheel. `requirement` replaces the torch pin of
+    `torch_minor` (a stable-ABI wheel requires a floor)."""
     name, version, _, tags = parse_wheel_filename(filename)
     sname, sversion, _, stags = parse_wheel_filename(src.name)
     if sname != name:
@@ -111,7 +113,7 @@ def retag(src: Path, dest_dir: Path, filename: str, torch_minor: str) -> Path:
                 arc = f"{top}/{rest}" if rest or info.filename.endswith("/") else top
                 data = zin.read(info)  # checked against the old RECORD
                 if arc == f"{new_prefix}.dist-info/METADATA":
-                    data = rewrite_metadata(data, raw_version, torch_minor)
+                    data = rewrite_metadata(data, raw_version, torch_minor, requirement)
                 zi = ZipInfo(arc, date_time=info.date_time)
                 zi.external_attr = info.external_attr
                 zi.compress_type = zout.compression

@@ -43,7 +43,9 @@ from attnkit.errors import AttnkitError, UsageError
 
 ENV_CONTEXT = "ATTNKIT_SHARD_CONTEXT"
 STOP = 86  # the shim's exit code after a plan or a shard: "done, do not link"
-COMPILE_RULES = ("compile", "cuda_compile")
+# torch's BuildExtension writes `compile` and `cuda_compile` edges; a setup.py may add its own cuda_compile_* rules
+# (FlashAttention-3's hopper/setup.py: cuda_compile_sm80, cuda_compile_sm80_sm90, cuda_compile_sm100 per arch)
+COMPILE_RULE = re.compile(r"(compile|cuda_compile(_[A-Za-z0-9_]+)?)\Z")
 
 
 @dataclass(frozen=True)
@@ -214,7 +216,7 @@ def read_units(real_ninja: str, cwd: Path, ctx: Context) -> list[Unit]:
     """The compile edges of cwd's build.ninja, through ninja's own tools (no parsing of ninja syntax here)."""
     listed = subprocess.run([real_ninja, "-t", "targets", "all"], cwd=cwd, capture_output=True, text=True, check=True)
     outputs = [ln.rsplit(":", 1)[0].strip() for ln in listed.stdout.splitlines()
-               if ln.rsplit(":", 1)[-1].strip() in COMPILE_RULES]
+               if COMPILE_RULE.match(ln.rsplit(":", 1)[-1].strip())]
     units = []
     for out in outputs:
         cmd = subprocess.run([real_ninja, "-t", "commands", "-s", out], cwd=cwd, capture_output=True, text=True,

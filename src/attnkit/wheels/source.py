@@ -4,8 +4,10 @@ that is kept between runs, so builds resume; and the digest that names the tree 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import shutil
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -28,6 +30,65 @@ def fetch_sdist(url: str, sha256: str, cache: Path) -> Path:
         raise AttnkitError(f"sdist: {url} has sha256 {got}, matrix.yaml says {sha256}")
     got_path.replace(dest)
     return dest
+
+
+ENV_GIT_MIRRORS = "ATTNKIT_GIT_MIRRORS"  # a folder of bare mirrors: OWNER/NAME.git or OWNER+NAME/repo
+
+
+def _git(*args: str, what: str) -> subprocess.CompletedProcess[bytes]:
+    r = subprocess.run(["git", *args], capture_output=True, check=False)
+    if r.returncode != 0:
+        last = (r.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+        raise AttnkitError(f"git source: {what}: {last[:300]}")
+    return r
+
+
+def git_repo(url: str, commit: str, cache: Path) -> Path:
+    """A bare repository holding `commit` of `url`: a mirror from $ATTNKIT_GIT_MIRRORS where it has the
+    commit, else attnkit's cache, fetched once (`git fetch --depth 1 URL COMMIT`; GitHub serves any commit)."""
+    if shutil.which("git") is None:
+        raise AttnkitError("git source: git is not installed (a package pinned by commit needs it)")
+    owner_name = url.removesuffix(".git").rstrip("/").split("/")[-2:]
+    mirrors = os.environ.get(ENV_GIT_MIRRORS)
+    if mirrors and len(owner_name) == 2:
+        o, n = owner_name
+        for cand in (Path(mirrors) / o / f"{n}.git", Path(mirrors) / f"{o}+{n}" / "repo"):
+            if cand.is_dir() and subprocess.run(["git", "--git-dir", str(cand), "cat-file", "-e", f"{commit}^{{commit}}"],
+                                                capture_output=True).returncode == 0:
+                return cand
+    repo = cache / "git" / hashlib.sha256(url.encode()).hexdigest()[:16]
+    if not (repo / "HEAD").is_file():
+        repo.mkdir(parents=True, exist_ok=True)
+        _git("init", "--quiet", "--bare", str(repo), what=f"init {repo}")
+    have = subprocess.run(["git", "--git-dir", str(repo), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True)
+    if have.returncode != 0:
+        _git("--git-dir", str(repo), "fetch", "--quiet", "--depth", "1", url, commit, what=f"fetch {commit} of {url}")
+    return repo
+
+
+def _extract(repo: Path, commit: str, paths: list[str], dest: Path, what: str) -> None:
+    """`git archive COMMIT -- PATHS` unpacked into dest (no .git: the tree as the commit has it)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    arch = _git("--git-dir", str(repo), "archive", "--format=tar", commit, "--", *paths, what=f"archive {what}")
+    with tarfile.open(fileobj=io.BytesIO(arch.stdout)) as tar:
+        tar.extractall(dest, filter="data")
+
+
+def prepare_git(spec: BuildSpec, tree: Path, cache: Path) -> None:
+    """The pinned commit's tree (its `paths`), and each submodule at its pinned commit, which must be the commit
+    the superproject records for that path (so the pin is upstream's, not a guess)."""
+    g = spec.git
+    assert g is not None
+    repo = git_repo(g.url, g.commit, cache)
+    _extract(repo, g.commit, list(g.paths), tree, f"{g.url}@{g.commit[:12]}")
+    for path, sub in g.submodules.items():
+        ls = _git("--git-dir", str(repo), "ls-tree", g.commit, "--", path, what=f"submodule {path}").stdout.decode()
+        recorded = ls.split()[2] if ls.split()[1:2] == ["commit"] else None
+        if recorded != sub.commit:
+            raise AttnkitError(f"git source: {g.url}@{g.commit[:12]} records {path} at {recorded or 'no submodule'}, "
+                               f"matrix.yaml pins {sub.commit}: pin the commit upstream records")
+        srepo = git_repo(sub.url, sub.commit, cache)
+        _extract(srepo, sub.commit, list(sub.paths), tree / path, f"{sub.url}@{sub.commit[:12]}")
 
 
 def apply_patches(spec: BuildSpec, src: Path) -> None:
@@ -64,10 +125,22 @@ def prepare_source(spec: BuildSpec, build_dir: Path, cache: Path) -> Path:
             if path.read_bytes() == data:
                 os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
         return src
-    assert spec.sdist_url and spec.sdist_sha256
     marker = build_dir / ".source-digest"  # what the unpacked tree is (source_digest)
+    sub = spec.git.subdir if spec.git and spec.git.subdir else ""
     if src.is_dir() and marker.is_file() and marker.read_text().strip() == source_digest(spec):
-        return src
+        return src / sub if sub else src
+    if spec.git is not None:
+        tmp = build_dir / "src.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        prepare_git(spec, tmp, cache)
+        if sub and not (tmp / sub / "setup.py").is_file():
+            raise AttnkitError(f"git source: {sub}/setup.py is not in {spec.git.url}@{spec.git.commit[:12]}")
+        apply_patches(spec, tmp / sub if sub else tmp)
+        shutil.rmtree(src, ignore_errors=True)
+        tmp.replace(src)
+        marker.write_text(source_digest(spec) + "\n")
+        return src / sub if sub else src
+    assert spec.sdist_url and spec.sdist_sha256
     archive = fetch_sdist(spec.sdist_url, spec.sdist_sha256, cache)
     tmp = build_dir / "src.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -93,6 +166,11 @@ def source_digest(spec: BuildSpec) -> str:
 
     if spec.sdist_sha256:
         base = spec.sdist_sha256
+    elif spec.git is not None:  # a commit names its tree; the parts taken of it are part of what is built
+        g = spec.git
+        parts = [f"{g.url}@{g.commit}:{','.join(g.paths)}"] + [f"{p}={s.url}@{s.commit}:{','.join(s.paths)}"
+                                                               for p, s in sorted(g.submodules.items())]
+        base = "git:" + hashlib.sha256("\n".join(parts).encode()).hexdigest()
     else:
         assert spec.local_source is not None
         root = spec.local_source
