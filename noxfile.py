@@ -31,16 +31,18 @@ TEST_DEPS = ["pytest==9.2.0", "jsonschema==4.26.0", "numpy", "matplotlib==3.11.2
 
 
 def _current_env(session: nox.Session) -> dict[str, str]:
-    """The current environment, with attnkit: as installed (an image), else the checkout's source when its
-    few dependencies are there (an offline GPU machine), else installed from this checkout with pip."""
+    """The current environment, with attnkit: in a checkout, the checkout's own source when its few dependencies
+    are there (an offline GPU machine; also over an older attnkit installed in that Python, which would otherwise be
+    what got checked), else installed from the checkout with pip; in an image (no source beside the noxfile),
+    attnkit as installed."""
     env = {"PYTHONUNBUFFERED": "1"}
-    if importlib.util.find_spec("attnkit") is None:
-        deps = ("pydantic", "yaml", "rich", "packaging")
-        if all(importlib.util.find_spec(d) for d in deps):
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
-        else:
-            session.log("attnkit is not installed here: installing it (and its small dependencies) with pip")
-            session.run(sys.executable, "-m", "pip", "install", "-q", str(ROOT), external=True)
+    deps = ("pydantic", "yaml", "rich", "packaging")
+    checkout = (ROOT / "src" / "attnkit").is_dir()
+    if checkout and all(importlib.util.find_spec(d) for d in deps):
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
+    elif importlib.util.find_spec("attnkit") is None or checkout:
+        session.log("installing attnkit from this checkout (and its small dependencies) with pip")
+        session.run(sys.executable, "-m", "pip", "install", "-q", str(ROOT), external=True)
     if importlib.util.find_spec("torch") is None:
         session.warn("torch is not installed in this environment: no attention backend can run here; install "
                      "your torch (e.g. pip install torch==2.13.0) and re-run. The report lists what was skipped.")
