@@ -1,0 +1,59 @@
+"""The `attnkit` command: parses arguments, calls the library, prints. Every error is one line on stderr
+("attnkit: error: ..."), no traceback: exit status 2 for a usage error (the command line itself), 1 for a
+failure (a bad file, a missing tool, a wheel that does not fit)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from attnkit._io import WriteError
+from attnkit.cli import images, index, matrix, runtime, wheels
+from attnkit.cli._args import _Parser, _validate_versions, _version
+from attnkit.errors import AttnkitError, UsageError, first_line, shown
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="attnkit", description=__doc__)
+    p.add_argument("--version", action="version", version=f"attnkit {_version()}")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for part in (matrix, runtime, wheels, index, images):  # the order of `attnkit --help`
+        part.register(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import signal
+
+    def _term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # so a running build stops its compiler processes too
+
+    if threading_main():
+        signal.signal(signal.SIGTERM, _term)
+    try:
+        args = build_parser().parse_args(argv)
+        _validate_versions(args)
+        func: Callable[[argparse.Namespace], int] = args.func
+        return func(args)
+    except UsageError as exc:
+        print(f"attnkit: error: {exc}", file=sys.stderr)
+        return 2
+    except (AttnkitError, WriteError) as exc:
+        print(f"attnkit: error: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # `attnkit matrix | head`: the reader went away, nothing is wrong
+        return 0
+    except OSError as exc:  # the machine refused (a path too long, a full disk, no permission): one line, no traceback
+        where = f"{shown(exc.filename)[:300]}: " if getattr(exc, "filename", None) else ""
+        print(f"attnkit: error: {where}{exc.strerror or first_line(exc)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("attnkit: interrupted", file=sys.stderr)
+        return 130
+
+
+def threading_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()

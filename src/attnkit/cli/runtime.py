@@ -1,0 +1,183 @@
+"""`attnkit doctor`, `bench`, `smoke`, `oracle`, `tune`, `warmup`: this machine's attention, checked and measured."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from attnkit._io import write_atomic
+from attnkit.cli._args import _positive_int, _seconds_arg, _shard_arg
+from attnkit.errors import UsageError
+
+
+def _cmd_doctor(a: argparse.Namespace) -> int:
+    from attnkit.runtime.doctor import run_doctor
+
+    return run_doctor(as_json=a.json)
+
+
+def _cmd_bench(a: argparse.Namespace) -> int:
+    if a.integrations:  # the HF training step, kernels in a compiled graph, CUDA-graph decode: its own options
+        from attnkit.bench.integrations import main as integrations
+
+        if not a.out:
+            raise UsageError("--out: required with --integrations (the JSON report)")
+        extra = [f"--{k}={getattr(a, k)}" for k in ("layers", "tokens", "batch", "iters", "replays")
+                 if getattr(a, k) is not None]
+        return integrations(["--out", a.out, *extra, *(f"--only={o}" for o in a.only or ())])
+    from attnkit.bench.run import run_bench
+
+    return run_bench(out=a.out, quick=a.quick, png=a.png, only=a.shape)
+
+
+def _cmd_smoke(a: argparse.Namespace) -> int:
+    if a.distributed:
+        if a.backend or a.case:
+            raise UsageError("--distributed: runs its own checks; --backend / --case are for the one-process smoke")
+        from attnkit.runtime.distributed import run_distributed
+
+        return run_distributed(nproc=a.nproc, timeout_s=a.timeout, max_bytes=a.max_bytes, report=a.report)
+    from attnkit.runtime.smoke import run_smoke
+
+    return run_smoke(report=a.report, backends=a.backend, cases=a.case)
+
+
+def _cmd_oracle(a: argparse.Namespace) -> int:
+    from attnkit.runtime.oracle import merge, run_oracle
+
+    if a.merge:
+        return merge(a.merge, a.out)
+    if not a.tests:
+        raise UsageError("--tests: required (flash-attention's tests/test_flash_attn.py, or a checkout holding it); "
+                         "or --merge REPORT... to join shard reports")
+    return run_oracle(a.tests, out=a.out, budget=a.budget, shard=a.shard, backends=a.backend,
+                      words=a.filter.split(",") if a.filter else None)
+
+
+def _cmd_tune(a: argparse.Namespace) -> int:
+    from attnkit.bench import tune
+
+    if a.merge:
+        if not a.table:
+            raise UsageError("--table: required with --merge (where <arch>.json goes, e.g. "
+                             "src/attnkit/data/selection/sm90.json)")
+        table = tune.merge([Path(f) for f in a.merge], arch=a.arch)
+        write_atomic(Path(a.table), json.dumps(table, indent=1) + "\n")
+        print(f"wrote {a.table}: {len(table['cells'])} cells from {table['provenance']['cases']} cases")
+        if a.png:
+            png = Path(a.table).with_suffix(".png") if a.png == "-" else Path(a.png)
+            tune.chart(table, png)
+            print(f"wrote {png}")
+        return 0
+    if a.validate:
+        rep = tune.validate(Path(a.out) if a.out else None, quick=a.quick)
+        print(json.dumps(rep["summary"], indent=1))
+        return 0
+    if a.plan:
+        cases = tune.plan(tune.QUICK if a.quick else tune.FEATURES)
+        mine = cases[a.shard[0] - 1::a.shard[1]] if a.shard else cases
+        for s in mine:
+            print(s.label)
+        print(f"{len(mine)} cases", file=sys.stderr)
+        return 0
+    if a.compile_only:
+        print(json.dumps(tune.compile_only(shard=a.shard or (1, 1), quick=a.quick, max_cases=a.max_cases)))
+        return 0
+    if not a.out:
+        raise UsageError("--out: required (the JSON-lines file this shard's results are appended to)")
+    out = Path(a.out)
+    if out.exists() and not a.resume:
+        raise UsageError(f"--out: {out} exists; pass --resume to continue it, or choose a new file")
+    res = tune.run(out, shard=a.shard or (1, 1), budget_s=a.budget, quick=a.quick,
+                   refine_from=[Path(f) for f in a.refine] if a.refine else None, max_cases=a.max_cases)
+    print(json.dumps(res))
+    return 0
+
+
+
+
+def _cmd_warmup(a: argparse.Namespace) -> int:
+    from attnkit.runtime.warmup import load_shapes, run_warmup, shapes_from_model
+
+    if bool(a.shapes) == bool(a.model):
+        raise UsageError("warmup: give --shapes FILE.json or --model CONFIG (config.json or its folder)")
+    shapes = load_shapes(a.shapes) if a.shapes else shapes_from_model(a.model, a.seqlen, a.batch, a.dtype)
+    return run_warmup(shapes, report=a.report, dry_run=a.dry_run, as_json=a.json)
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add this module's subcommands to `attnkit`'s parser."""
+    dr = sub.add_parser("doctor", help="probe this machine and show which attention backends work")
+    dr.add_argument("--json", action="store_true", help="print the report as JSON (exit 1 when unhealthy)")
+    dr.set_defaults(func=_cmd_doctor)
+
+    be = sub.add_parser("bench", help="benchmark every available backend against attnkit's choice")
+    be.add_argument("--out", default=None, help="JSON report path (a PNG chart is written beside it)")
+    be.add_argument("--quick", action="store_true", help="a small suite (CPU sanity runs)")
+    be.add_argument("--no-png", dest="png", action="store_false", help="write no PNG chart beside the report")
+    be.add_argument("--shape", action="append", help="only this shape of the suite (by label; repeatable)")
+    be.add_argument("--integrations", action="store_true", help="instead: an HF training step, the kernels in a "
+                    "compiled graph, CUDA-graph decode (GPU), with the options below")
+    for opt, what in (("layers", "model layers (8)"), ("tokens", "sequence length (2048)"), ("batch", "batch (4)"),
+                      ("iters", "timed steps (10)"), ("replays", "CUDA-graph replays (1000)")):
+        be.add_argument(f"--{opt}", type=_positive_int, help=f"--integrations: {what}")
+    be.add_argument("--only", action="append", choices=("cuda_graph_decode", "kernels_in_graph", "train_step"),
+                    help="--integrations: only these parts (repeatable)")
+    be.set_defaults(func=_cmd_bench)
+
+    sm = sub.add_parser("smoke", help="check every backend's numerics, forward and backward, on this machine")
+    sm.add_argument("--report", help="write the JSON report here")
+    sm.add_argument("--backend", action="append", help="only this backend ('attnkit': attention() itself); repeatable")
+    sm.add_argument("--case", action="append", help="only this case; repeatable")
+    sm.add_argument("--distributed", action="store_true", help="one process per GPU (torch.distributed.run): NCCL "
+                    "collectives checked and timed, attention on each GPU, a DDP step (gloo ranks on a CPU)")
+    sm.add_argument("--nproc", type=_positive_int, help="--distributed: ranks (default: one per GPU, else 1)")
+    sm.add_argument("--timeout", type=_seconds_arg, default=120.0, help="--distributed: seconds a collective may take "
+                                                                         "before it counts as hung (120)")
+    sm.add_argument("--max-bytes", type=_positive_int, help="--distributed: the largest collective (default 1 GiB on "
+                                                            "GPUs, 4 MiB on the CPU)")
+    sm.set_defaults(func=_cmd_smoke)
+
+    orc = sub.add_parser("oracle", help="flash-attn's own test grid against attention() and every backend forced")
+    orc.add_argument("--tests", help="flash-attention's tests/test_flash_attn.py (or a checkout holding it): the "
+                                     "reference functions are read from it at run time")
+    orc.add_argument("--out", help="write the JSON report here")
+    orc.add_argument("--budget", type=_seconds_arg, default=600.0, help="stop starting cases after this many seconds")
+    orc.add_argument("--shard", type=_shard_arg, help="I/N: run the I-th of N parts (split by kernel configuration)")
+    orc.add_argument("--backend", action="append", help="only this backend ('attnkit': attention()'s pick); repeatable")
+    orc.add_argument("--filter", help="keep cases whose tag holds every comma-separated word, e.g. varlen,alibi=True")
+    orc.add_argument("--merge", nargs="+", metavar="REPORT", help="join shard reports into one (--out)")
+    orc.set_defaults(func=_cmd_oracle)
+
+    tu = sub.add_parser("tune", help="measure every backend over a grid of call features; write selection tables")
+    tu.add_argument("--out", help="JSON-lines results of this shard (appended case by case; see --resume)")
+    tu.add_argument("--resume", action="store_true", help="continue an existing --out file (skips its cases)")
+    tu.add_argument("--shard", type=_shard_arg, help="I/N: run the I-th of N parts of the plan")
+    tu.add_argument("--budget", type=_seconds_arg, default=1500.0, help="stop starting cases after this many seconds")
+    tu.add_argument("--max-cases", type=_positive_int, help="run at most this many cases now")
+    tu.add_argument("--quick", action="store_true", help="the small grid (a CPU run of the whole pipeline)")
+    tu.add_argument("--refine", nargs="+", metavar="FILE", help="measure midpoints where these results' winners change")
+    tu.add_argument("--plan", action="store_true", help="print the planned cases (of --shard) and their count")
+    tu.add_argument("--compile-only", action="store_true", help="run each case once, untimed, so JIT kernels are "
+                                                               "compiled into their disk caches (shards side by side)")
+    tu.add_argument("--merge", nargs="+", metavar="FILE", help="turn result files into a selection table (--table)")
+    tu.add_argument("--table", help="with --merge: the table to write (e.g. src/attnkit/data/selection/sm90.json)")
+    tu.add_argument("--arch", help="with --merge: the table's architecture name (default: from the results' GPU)")
+    tu.add_argument("--png", nargs="?", const="-", help="with --merge: a PNG of the winner per point (default: "
+                                                        "beside --table)")
+    tu.add_argument("--validate", action="store_true", help="time held-out shapes (not grid points): attnkit against "
+                                                           "the fastest correct candidate; --out writes the report")
+    tu.set_defaults(func=_cmd_tune)
+
+    wu = sub.add_parser("warmup", help="compile JIT kernels (FlashAttention-4) for a list of shapes ahead of time")
+    wu.add_argument("--shapes", help="JSON list of shapes: heads, head_dim, seqlen | seqlen_q+seqlen_k | lengths, ...")
+    wu.add_argument("--model", help="a Hugging Face config.json (or its folder): train, prefill and decode shapes")
+    wu.add_argument("--seqlen", type=_positive_int, default=4096, help="with --model: sequence length (default 4096)")
+    wu.add_argument("--batch", type=_positive_int, default=1, help="with --model: batch size (default 1)")
+    wu.add_argument("--dtype", choices=("float16", "bfloat16"), help="with --model: override the config's dtype")
+    wu.add_argument("--report", help="also write the JSON report here")
+    wu.add_argument("--json", action="store_true", help="print the report as JSON")
+    wu.add_argument("--dry-run", action="store_true", help="list the backend per shape; compile nothing")
+    wu.set_defaults(func=_cmd_warmup)
