@@ -54,3 +54,15 @@ def test_an_unwritable_report_is_one_line_naming_the_path(argv: list[str], capsy
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "Traceback" not in err and "cannot be written" in err
     assert argv[-1][:40] in err
+
+
+def test_a_closed_pipe_is_not_an_error():
+    """`attnkit matrix | head -c 1`: the reader goes away; the command exits 0 and prints nothing on stderr (a
+    broken pipe is an OSError, and it must not come out as main()'s one-line machine error)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run(f"{sys.executable} -m attnkit.cli matrix --format json | head -c 1 > /dev/null; "
+                       "echo ${PIPESTATUS[0]}", shell=True, executable="/bin/bash", capture_output=True, text=True,
+                       timeout=120)
+    assert r.stdout.strip() == "0" and "error" not in r.stderr, (r.stdout, r.stderr)
