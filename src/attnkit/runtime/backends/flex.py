@@ -14,8 +14,10 @@ is why selection (measured tables, else runtime/priority.py) and not these limit
 The first call of a signature compiles (2-6 s on the H200): `attnkit warmup` pays it outside a timed step, and
 inductor's own disk cache keeps the kernels across processes. The compiled function is torch's documented
 `torch.compile(flex_attention)`, made once per process: dynamo's automatic dynamic shapes turn a second sequence
-length into one dynamic graph rather than a compile per length. The block mask (which key blocks a query block
-visits) depends on the lengths only, so it is built at bind time, once per signature (per cu_seqlens for varlen).
+length into one dynamic graph rather than a compile per length (checked with torch.compile on the CPU: new
+score_mod closures of one signature add no compile; a second length adds one, then none). The block mask (which
+key blocks a query block visits) depends on the lengths only: it is built by the bound call's first run, once per
+signature (per cu_seqlens for varlen), so that a failure there falls back as a kernel's would.
 On CPU the call runs flex's unfused reference path (the same semantics, not fast): only when asked for by name.
 Under torch.compile / torch.export, flex_attention is recorded as the higher-order op it is, with its backward.
 """
@@ -152,23 +154,32 @@ class Flex(Backend):
         flex, create_block_mask = _flex()
         device = q.device
         mask_mod, score_mod, q_len, kv_len = mask_and_score(call, p, device)
-        block_mask = None
-        if mask_mod is not None:
-            batch = None if call.varlen else call.batch
-            block_mask = create_block_mask(mask_mod, batch, None, q_len, kv_len, device=device)
+        eager_cuda = call.device == "cuda" and not call.trace
         # eager CUDA: torch's compiled flex; in a graph: the op itself (the graph's compiler lowers it); CPU eager:
         # flex's reference path
-        fn = _compiled() if call.device == "cuda" and not call.trace else flex
-        kw: dict[str, Any] = {"score_mod": score_mod, "block_mask": block_mask, "scale": p.scale,
-                              "enable_gqa": call.gqa}
+        fn = _compiled() if eager_cuda else flex
+        kw: dict[str, Any] = {"score_mod": score_mod, "scale": p.scale, "enable_gqa": call.gqa}
         if self.kernel_options:
             kw["kernel_options"] = dict(self.kernel_options)
         varlen = call.varlen
+        blocks: list[Any] = []  # the block mask, made by the first run: a failure there falls back like a kernel's
+
+        def block_mask() -> Any:
+            if blocks:
+                return blocks[0]
+            # no mask depends on the batch index (varlen is one packed sequence): one mask broadcast over the batch;
+            # compiled on CUDA so that a long sequence's mask is not materialised as Q_LEN x KV_LEN booleans
+            made = None if mask_mod is None else create_block_mask(mask_mod, None, None, q_len, kv_len, device=device,
+                                                                    _compile=eager_cuda)
+            if not call.trace:  # in a graph, the mask belongs to that trace
+                blocks.append(made)
+            return made
 
         def run(q: Any, k: Any, v: Any) -> Any:
             if varlen:  # (total, H, D) -> (1, H, total, D): one sequence under a document mask
                 q, k, v = q[None], k[None], v[None]
-            out = fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kw).transpose(1, 2)
+            out = fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=block_mask(),
+                     **kw).transpose(1, 2)
             return out[0] if varlen else out
 
         if call.device == "cuda" or call.trace:
