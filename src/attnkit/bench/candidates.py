@@ -113,13 +113,9 @@ class Case:
         q, k, v, kw = self.q, self.k, self.v, self.kw
         runs: dict[str, Callable[[], Any]] = {}
         absent: dict[str, str] = {}
-        if backends_only:
-            pass
-        elif self.s.lengths is not None:
-            pq, pk, pv = self.padded
+        if not backends_only:  # varlen: the plain call runs the padded batch
+            pq, pk, pv = self.padded if self.s.lengths is not None else (q, k, v)
             runs[PLAIN] = lambda: self._plain(pq, pk, pv)
-        else:
-            runs[PLAIN] = lambda: self._plain(q, k, v)
         for lib in () if backends_only else LIBRARIES:
             why = REGISTRY[lib].check(call, p)
             direct = None if why else _library_call(lib, self)

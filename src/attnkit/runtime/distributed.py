@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from attnkit._io import write_atomic
-from attnkit.errors import AttnkitError, first_line
+from attnkit.errors import first_line
 
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 ENV_FAULT = "ATTNKIT_DIST_FAULT"
@@ -302,8 +302,6 @@ def run_distributed(nproc: int | None = None, timeout_s: float = 120.0, max_byte
         write_atomic(Path(report), json.dumps(doc, indent=1))
         say(f"wrote {report}")
     shutil.rmtree(status_dir, ignore_errors=True)
-    if not ok and not errors:
-        raise AttnkitError("distributed smoke: no rank reported")
     return 0 if ok else 1
 
 
