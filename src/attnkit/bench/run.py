@@ -29,9 +29,12 @@ def bench_shape(s: Shape, device: str, iters: int = 15, rounds: int = 5, backend
     only attention() forced to each backend (the tune sweep: a table ranks backends, nothing else)."""
     import torch
 
+    from attnkit.runtime.backends.flex import allow_many_signatures
     from attnkit.runtime.priority import order_for
     from attnkit.runtime.probe import probe
     from attnkit.runtime.select import select
+
+    allow_many_signatures()
 
     c = Case(s, device)
     p = probe()

@@ -282,6 +282,8 @@ def compile_only(shard: tuple[int, int] = (1, 1), quick: bool = False, max_cases
 
     from attnkit.bench.candidates import Case
     from attnkit.bench.timer import warm
+    from attnkit.runtime.backends.flex import allow_many_signatures
+    allow_many_signatures()
     device = _device("tune --compile-only")
     grid = QUICK if (quick or device == "cpu") else FEATURES
     i, n = shard

@@ -27,6 +27,12 @@ def _cmd_bench(a: argparse.Namespace) -> int:
         extra = [f"--{k}={getattr(a, k)}" for k in ("layers", "tokens", "batch", "iters", "replays")
                  if getattr(a, k) is not None]
         return integrations(["--out", a.out, *extra, *(f"--only={o}" for o in a.only or ())])
+    if a.compiled:
+        from attnkit.bench.compiled import run_compiled
+
+        if not a.out:
+            raise UsageError("--out: required with --compiled (the JSON report)")
+        return run_compiled(a.out, only=a.shape)
     from attnkit.bench.run import run_bench
 
     return run_bench(out=a.out, quick=a.quick, png=a.png, only=a.shape)
@@ -53,7 +59,7 @@ def _cmd_oracle(a: argparse.Namespace) -> int:
         raise UsageError("--tests: required (flash-attention's tests/test_flash_attn.py, or a checkout holding it); "
                          "or --merge REPORT... to join shard reports")
     return run_oracle(a.tests, out=a.out, budget=a.budget, shard=a.shard, backends=a.backend,
-                      words=a.filter.split(",") if a.filter else None)
+                      words=a.filter.split(",") if a.filter else None, forced_budget=a.forced_budget)
 
 
 def _cmd_tune(a: argparse.Namespace) -> int:
@@ -118,6 +124,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     be.add_argument("--quick", action="store_true", help="a small suite (CPU sanity runs)")
     be.add_argument("--no-png", dest="png", action="store_false", help="write no PNG chart beside the report")
     be.add_argument("--shape", action="append", help="only this shape of the suite (by label; repeatable)")
+    be.add_argument("--compiled", action="store_true", help="instead: torch.compile(fullgraph=True) of attention() "
+                    "against eager, per shape whose eager pick is FlashAttention-4 or flex (or --shape), on a GPU")
     be.add_argument("--integrations", action="store_true", help="instead: an HF training step, the kernels in a "
                     "compiled graph, CUDA-graph decode (GPU), with the options below")
     for opt, what in (("layers", "model layers (8)"), ("tokens", "sequence length (2048)"), ("batch", "batch (4)"),
@@ -145,6 +153,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                                      "reference functions are read from it at run time")
     orc.add_argument("--out", help="write the JSON report here")
     orc.add_argument("--budget", type=_seconds_arg, default=600.0, help="stop starting cases after this many seconds")
+    orc.add_argument("--forced-budget", type=_seconds_arg, help="after this many seconds, the rest of the cases run "
+                     "attention()'s own pick only (the forced backends keep the sample done so far)")
     orc.add_argument("--shard", type=_shard_arg, help="I/N: run the I-th of N parts (split by kernel configuration)")
     orc.add_argument("--backend", action="append", help="only this backend ('attnkit': attention()'s pick); repeatable")
     orc.add_argument("--filter", help="keep cases whose tag holds every comma-separated word, e.g. varlen,alibi=True")

@@ -62,6 +62,17 @@ def _compiled() -> Any:
     return torch.compile(_flex()[0])
 
 
+def allow_many_signatures(limit: int = 1024) -> None:
+    """For processes that race hundreds of call signatures (bench, tune, oracle): past dynamo's recompile limit
+    (8 per function by default) the next signature runs flex_attention uncompiled, i.e. its dense reference
+    path: right, but slow and O(Sq*Sk) in memory, which would make such a harness measure the wrong thing. A
+    model's process sees a handful of signatures and keeps torch's default."""
+    import torch._dynamo.config as cfg
+
+    cfg.recompile_limit = max(cfg.recompile_limit, limit)
+    cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 8 * limit)
+
+
 def _torch_version(probe: Any) -> Version:
     return Version(probe.torch.version.split("+")[0])
 

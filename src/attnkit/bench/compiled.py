@@ -1,0 +1,125 @@
+"""`attnkit bench --compiled`: torch.compile(fullgraph=True) of attention() against the same call eager, side by
+side in one run (the compile issue's parity check). Per shape: the eager pick, the kernels the compiled graph
+runs (torch.profiler), and compiled / eager speed forward and fwd+bwd in both timing modes of bench.timer.
+Shapes: the bench suite's whose eager pick is a JIT backend a graph used to lose (FlashAttention-4, flex), or
+the ones named with --shape."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from attnkit._io import write_atomic
+from attnkit.bench.candidates import Case
+from attnkit.bench.shapes import Shape, suite
+from attnkit.bench.timer import interleaved, warm, warm_gpu
+from attnkit.errors import UsageError
+
+JIT_BACKENDS = ("flash_attn4", "flex", "flex_flash")
+KERNEL_WORDS = ("attn", "fmha", "flash", "cudnn", "sdpa", "sm90", "flex", "triton")
+
+
+def kernels(fn: Any) -> list[str]:
+    """The attention-looking CUDA kernels of one call of `fn` (forward, or forward+backward)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sorted({e.key[:120] for e in prof.key_averages() if any(w in e.key.lower() for w in KERNEL_WORDS)})[:12]
+
+
+def compare(s: Shape, device: str = "cuda", iters: int = 10, rounds: int = 4) -> dict[str, Any]:
+    """One shape: eager and compiled raced side by side; outputs compared (kernels listed on CUDA)."""
+    import torch
+
+    from attnkit.runtime.attention import attention
+    from attnkit.runtime.probe import probe
+    from attnkit.runtime.select import select
+
+    c = Case(s, device)
+    kw = c.kw
+
+    def f(q: Any, k: Any, v: Any) -> Any:
+        return attention(q, k, v, **kw)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True)
+    row: dict[str, Any] = {"shape": s.label, "eager_pick": {}, "compile_s": {}, "ms": {}, "ratio": {},
+                           "kernels": {}, "max_abs_diff": {}}
+    for ps in ("fwd", "fwdbwd") if s.train else ("fwd",):
+        grad = ps == "fwdbwd"
+        row["eager_pick"][ps] = select(c.call(grad), probe()).name
+        fns = {"eager": lambda: f(c.q, c.k, c.v), "compiled": lambda: compiled(c.q, c.k, c.v)}
+        if grad:
+            fns = {n: c.step(fn, n) for n, fn in fns.items()}
+        with torch.set_grad_enabled(grad):
+            t0 = time.perf_counter()
+            outs, errors = warm({"compiled": fns["compiled"]}, device, times=2)
+            row["compile_s"][ps] = round(time.perf_counter() - t0, 1)
+            if errors:
+                row.setdefault("errors", {})[ps] = errors["compiled"]
+                continue
+            ref, _ = warm({"eager": fns["eager"]}, device)
+            row["max_abs_diff"][ps] = float((outs["compiled"].detach().float() - ref["eager"].detach().float())
+                                            .abs().max())
+            one = interleaved(fns, device, iters=2)
+            calls = max(3, min(200, int(4e-3 / max(1e-6, min(one.values())))))
+            sync = interleaved(fns, device, iters=iters, seed=1)
+            b2b = interleaved(fns, device, iters=rounds, calls=calls, seed=2)
+            if device == "cuda":
+                row["kernels"][ps] = {n: kernels(fn) for n, fn in fns.items()}
+        row["ms"][ps] = {n: {"sync": round(sync[n] * 1e3, 4), "b2b": round(b2b[n] * 1e3, 4)} for n in fns}
+        row["ratio"][ps] = {m: round((sync if m == "sync" else b2b)["eager"] / (sync if m == "sync" else b2b)
+                                     ["compiled"], 3) for m in ("sync", "b2b")}
+    return row
+
+
+def run_compiled(out: str, only: list[str] | None = None, budget_s: float = 1200.0, say: Any = print) -> int:
+    """Every chosen shape (see the module docstring) within `budget_s`; 1 if one is below 0.97 or failed."""
+    import torch
+
+    from attnkit.bench.run import environment
+    from attnkit.runtime.backends.flex import allow_many_signatures
+    from attnkit.runtime.probe import probe
+    from attnkit.runtime.select import select
+
+    if not torch.cuda.is_available():
+        raise UsageError("--compiled: needs a CUDA GPU (it compares compiled against eager kernels)")
+    allow_many_signatures()
+    shapes = suite(False)
+    if only:
+        known = {s.label for s in shapes}
+        for label in only:
+            if label not in known:
+                raise UsageError(f"--shape: unknown shape {label!r}; known: {', '.join(sorted(known))}")
+        shapes = [s for s in shapes if s.label in only]
+    else:
+        p = probe()
+        shapes = [s for s in shapes if any(select(Case(s, "cuda").call(g), p).name in JIT_BACKENDS
+                                           for g in ((False, True) if s.train else (False,)))]
+    warm_gpu()
+    rows: list[dict[str, Any]] = []
+    doc: dict[str, Any] = {"what": "torch.compile(fullgraph=True) of attnkit.attention() vs the same call eager, "
+                                   "side by side (bench.timer: sync per call, and back to back)",
+                           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                           "environment": environment(), "rows": rows}
+    t0 = time.perf_counter()
+    for s in shapes:
+        if time.perf_counter() - t0 > budget_s:
+            doc.setdefault("left_by_budget", []).append(s.label)
+            continue
+        rows.append(compare(s))
+        say(f"compiled {s.label}: {json.dumps(rows[-1]['ratio'])} eager pick {rows[-1]['eager_pick']}")
+        write_atomic(Path(out), json.dumps(doc, indent=1, default=str))
+    ratios = [x for r in rows for modes in r["ratio"].values() for x in modes.values()]
+    doc["summary"] = {"shapes": len(rows), "min_ratio": min(ratios, default=None),
+                      "below_0.97": [f"{r['shape']} {ps} {m}" for r in rows for ps, modes in r["ratio"].items()
+                                     for m, x in modes.items() if x < 0.97],
+                      "failed": [r["shape"] for r in rows if r.get("errors")]}
+    write_atomic(Path(out), json.dumps(doc, indent=1, default=str))
+    say(f"summary: {json.dumps(doc['summary'])}")
+    return 1 if doc["summary"]["below_0.97"] or doc["summary"]["failed"] else 0

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# One H200 session's work as ONE background job, so that the machine's 30 minutes go to GPU work and not to
+# commands waiting on each other (the machine is held while a command runs and kept 30 s after it).
+#   prep      call 1 (carry .fa4a .oracle .whlA): FlashAttention-4's first half and flash-attn's tests file to
+#             /root, pydantic installed
+#   start     call 2 (carry .fa4b .whl): FlashAttention-4 installed (tools/h200-runtime.sh install), the tree's
+#             src/ copied to /root/src, then `job` started under setsid; then as `wait`
+#   wait [S]  every later call (no carry): up to S seconds (default 540) for the job to end, then its results
+#             packed into $OUT/results.tar.gz (one file: $OUT brings back 8 at most) and its log printed.
+#             REFRESH=1 first copies this call's src/ to /root/src: phases not yet started run the fixed code
+#   job       the phases, each writing under /root/results (a phase's failure is logged, the next one runs):
+#             smoke (beside the oracle); oracle: flash-attn's grid in 16 shards side by side, every backend
+#             forced for ORACLE_FORCED s, then the own pick only, merged; tune: the plan's JIT kernels compiled
+#             by 16 CPU shards (TUNE_COMPILE s), the timed sweep alone on the GPU (TUNE_BUDGET s), merged into
+#             sm90.json + PNG; --validate against that table; bench --compiled (COMPILED_S s)
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; R=/root/results; mkdir -p "$OUT" "$R"
+ORACLE_FORCED=${ORACLE_FORCED:-300}; ORACLE_BUDGET=${ORACLE_BUDGET:-420}; TUNE_COMPILE=${TUNE_COMPILE:-200}
+TUNE_BUDGET=${TUNE_BUDGET:-300}; COMPILED_S=${COMPILED_S:-240}; SHARDS=${SHARDS:-16}
+step=${1:-wait}
+
+phase() { echo "$(date +%T) $*" | tee -a "$R/phases.log"; }
+
+job() {
+  export PYTHONPATH=/root/src PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore ATTNKIT_CACHE_DIR=/root/ak-cache \
+    ATTNKIT_MACHINE_LABEL=h200
+  local ak="python3 -m attnkit.cli" i
+  phase "smoke + oracle"
+  mkdir -p "$R/oracle"
+  (ATTNKIT_REPORT_DIR=$R $ak smoke --report "$R/smoke.json" > "$R/smoke.log" 2>&1; echo "smoke rc=$?" >> "$R/phases.log") &
+  for i in $(seq 1 "$SHARDS"); do
+    TORCHINDUCTOR_COMPILE_THREADS=1 $ak oracle --tests /root/ref/test_flash_attn.py --shard "$i/$SHARDS" \
+      --budget "$ORACLE_BUDGET" --forced-budget "$ORACLE_FORCED" --out "$R/oracle/shard-$i.json" \
+      > "$R/oracle/shard-$i.log" 2>&1 < /dev/null &
+  done
+  wait
+  $ak oracle --merge "$R"/oracle/shard-*.json --out "$R/oracle.json" > "$R/oracle-merge.log" 2>&1
+  phase "oracle merged rc=$? ($(ls "$R"/oracle/shard-*.json 2>/dev/null | wc -l) shards)"
+  rm -f "$R"/oracle/shard-*.json   # merged; their logs stay
+  phase "tune compile"
+  mkdir -p "$R/tune"
+  for i in $(seq 1 "$SHARDS"); do
+    TORCHINDUCTOR_COMPILE_THREADS=1 timeout "$TUNE_COMPILE" $ak tune --compile-only --shard "$i/$SHARDS" \
+      > "$R/tune/compile-$i.log" 2>&1 < /dev/null &
+  done
+  wait
+  phase "tune timed"
+  $ak tune --out "$R/tune.jsonl" --resume --budget "$TUNE_BUDGET" > "$R/tune/tune.log" 2>&1
+  phase "tune rc=$? ($(grep -c '"shape"' "$R/tune.jsonl" 2>/dev/null) cases)"
+  mkdir -p "$R/selection"
+  $ak tune --merge "$R/tune.jsonl" --table "$R/selection/sm90.json" --png "$R/tune-winners.png" > "$R/tune/merge.log" 2>&1
+  phase "tune merged rc=$?"
+  ATTNKIT_SELECTION_DIR=$R/selection $ak tune --validate --out "$R/validate.json" > "$R/validate.log" 2>&1
+  phase "validate rc=$?"
+  # the compile issue's baseline rows first (docs/results/2026-12-01-h200-compile-before-ops.json), then more JIT picks
+  ATTNKIT_SELECTION_DIR=$R/selection timeout "$COMPILED_S" $ak bench --compiled --out "$R/compiled.json" \
+    --shape "train MHA D128 S4096 causal" --shape "train GQA 32/8 D128 S8192 causal" \
+    --shape "prefill Sq512 Sk4096 GQA 32/8 D128" --shape "window 1024 S4096 D128 causal" \
+    --shape "window 4096 GQA 32/8 S16384 causal" --shape "varlen GQA 32/8 D128 17-4096 causal" \
+    --shape "decode GQA 32/8 D128 Sk4096" --shape "train D96 S2048 causal" > "$R/compiled.log" 2>&1
+  phase "compiled rc=$?"
+  phase "DONE"
+}
+
+pack() {
+  tar czf "$OUT/results.tar.gz" -C /root results 2>/dev/null
+  tail -n 20 "$R/phases.log" 2>/dev/null
+  grep -E "^smoke:|FAILED" "$R/smoke.log" 2>/dev/null | head -20
+  tail -n 2 "$R/tune/tune.log" 2>/dev/null | cut -c1-300
+}
+
+case $step in
+  prep)
+    rm -rf /root/fa4 /root/ref && cp -r .fa4a /root/fa4 && mkdir -p /root/ref && cp .oracle/test_flash_attn.py /root/ref/ || exit 1
+    python3 -m pip install -q --no-index --no-deps --no-compile .whlA/*.whl || exit 1
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+    python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name())" ;;
+  start)
+    OUT=$OUT bash tools/h200-runtime.sh install || exit 1
+    cp "$OUT/nvidia-smi.txt" "$R/" 2>/dev/null
+    rm -rf /root/src && cp -r src /root/src
+    setsid nohup bash "$0" job > "$R/job.log" 2>&1 < /dev/null &
+    sleep 2; bash "$0" wait "${2:-480}" ;;
+  job) job ;;
+  wait)
+    if [ "${REFRESH:-0}" = 1 ]; then rm -rf /root/src.new && cp -r src /root/src.new && rm -rf /root/src && mv /root/src.new /root/src && echo "src refreshed"; fi
+    deadline=$(( $(date +%s) + ${2:-540} ))
+    while ! grep -q DONE "$R/phases.log" 2>/dev/null && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
+    pack ;;
+  *) echo "unknown step $step (prep | start | wait [S] | job)"; exit 2 ;;
+esac
