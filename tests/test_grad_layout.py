@@ -72,7 +72,50 @@ def test_which_calls_get_the_fix() -> None:
     infer = call(grad=False)
     assert not cudnn_backward_possible(infer.__class__(**{**infer.__dict__, "device": "cuda"}), None)
     traced = cuda_train.__class__(**{**cuda_train.__dict__, "trace": "compile"})
-    assert not cudnn_backward_possible(traced, None)
+    assert cudnn_backward_possible(traced, None)  # in a graph torch's pick is made at trace time: cuDNN too
+
+
+def test_in_a_graph_the_relayout_is_recorded() -> None:
+    """The traced form of the fix (an autograd.Function): compiled with fullgraph, the gradient reaching the
+    op arrives laid out like its output, and the values are unchanged."""
+    from attnkit.runtime.backends._sdpa_graph import LikeOutput
+
+    seen: list[tuple[int, ...]] = []
+
+    # the "kernel": opaque ops (as SDPA's are to a graph) whose backward records the gradient's strides
+    @torch.library.custom_op("attnkit_test::kernel", mutates_args=())
+    def kernel(t: torch.Tensor) -> torch.Tensor:
+        return t.transpose(1, 2).contiguous()  # its output: contiguous (B, H, S, D)
+
+    @kernel.register_fake
+    def _(t: torch.Tensor) -> torch.Tensor:
+        return t.transpose(1, 2).contiguous()
+
+    @torch.library.custom_op("attnkit_test::kernel_bwd", mutates_args=())
+    def kernel_bwd(g: torch.Tensor) -> torch.Tensor:
+        seen.append(tuple(g.stride()))
+        return g.transpose(1, 2).contiguous()
+
+    @kernel_bwd.register_fake
+    def _(g: torch.Tensor) -> torch.Tensor:
+        return g.transpose(1, 2).contiguous()
+
+    kernel.register_autograd(lambda ctx, g: kernel_bwd(g))
+
+    x = torch.randn(2, 5, 3, 4, requires_grad=True)  # (B, S, H, D)
+
+    def f(x: Any) -> Any:
+        return LikeOutput.apply(kernel(x)).transpose(1, 2)
+
+    g = torch.randn(2, 5, 3, 4)  # dO contiguous in (B, S, H, D): another layout than the output's
+    eager = torch.autograd.grad(f(x), x, g)[0]
+    want = tuple(x.transpose(1, 2).contiguous().stride())
+    assert seen[-1] == want
+    seen.clear()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    got = torch.autograd.grad(compiled(x), x, g)[0]
+    assert seen and seen[-1] == want
+    assert torch.equal(got, eager)
 
 
 def test_smoke_checks_a_second_gradient_layout() -> None:

@@ -279,7 +279,7 @@ def test_flash_attn4_limits_per_architecture():
         ("windowed decode", {"seqlen_q": 1, "causal": False, "requires_grad": False, "batch": 64,
                              "window": (4096, 0)}, "flash_attn4"),
         ("ALiBi train", {"alibi": True}, "flex"),
-        ("ALiBi forward", {"alibi": True, "requires_grad": False}, "flex_flash"),
+        ("ALiBi forward", {"alibi": True, "requires_grad": False}, "flex"),
         ("spec decode", {"seqlen_q": 4, "requires_grad": False, "batch": 16, "heads": 32, "kv_heads": 8}, "flash_attn4"),
         ("tiny chunk", {"seqlen_q": 4, "seqlen_k": 256, "requires_grad": False, "batch": 1}, "sdpa"),
         ("varlen short", {"varlen": True, "seqlen_q": 64, "seqlen_k": 64, "batch": 256, "head_dim": 64,

@@ -19,6 +19,7 @@ from attnkit.runtime import layout, priority, table
 from attnkit.runtime import select as sel
 from attnkit.runtime.attention import attention
 from attnkit.runtime.backends import REGISTRY
+from attnkit.runtime.backends import flex as flex_mod
 from attnkit.runtime.reference import reference_attention
 
 
@@ -130,7 +131,21 @@ def test_no_backend_error_says_what_decided(tables):
 
 # -- the flex backend ----------------------------------------------------------------------------------------------
 
-def test_flex_limits_as_data():
+def test_flex_flash_is_off_unless_opted_in(monkeypatch):
+    flash = REGISTRY["flex_flash"]
+    ok = fake_probe((9, 0), ("flash-attn-4",))
+    monkeypatch.delenv("ATTNKIT_EXPERIMENTAL_FLEX_FLASH", raising=False)
+    assert flash.check(call(alibi=True), ok) == [flex_mod.FLASH_BROKEN]
+    assert "ATTNKIT_EXPERIMENTAL_FLEX_FLASH=1" in flex_mod.FLASH_BROKEN
+    monkeypatch.setenv("ATTNKIT_EXPERIMENTAL_FLEX_FLASH", "1")
+    assert flash.check(call(alibi=True), ok) == []
+    # selection never reaches it by default: ALiBi, forward or training, goes to flex's Triton kernels
+    monkeypatch.delenv("ATTNKIT_EXPERIMENTAL_FLEX_FLASH")
+    assert sel.SELECTOR.select(call(alibi=True, requires_grad=False), ok).name == "flex"
+
+
+def test_flex_limits_as_data(monkeypatch):
+    monkeypatch.setenv("ATTNKIT_EXPERIMENTAL_FLEX_FLASH", "1")
     flex, flash = REGISTRY["flex"], REGISTRY["flex_flash"]
     ok = fake_probe((9, 0), ("flash-attn-4",))
     assert flex.check(call(alibi=True), ok) == [] and flash.check(call(alibi=True), ok) == []
@@ -153,7 +168,7 @@ def test_flex_limits_as_data():
 def test_flex_alibi_rows_are_measured_rows_with_sources():
     p = fake_probe((9, 0), ("flash-attn-4",))
     assert sel.SELECTOR.select(call(alibi=True), p).name == "flex"
-    assert sel.SELECTOR.select(call(alibi=True, requires_grad=False), p).name == "flex_flash"
+    assert sel.SELECTOR.select(call(alibi=True, requires_grad=False), p).name == "flex"
     assert sel.SELECTOR.select(call(softcap=True), fake_probe((9, 0))).name == "flex"  # not eager math
 
 

@@ -159,7 +159,9 @@ def _plain_bias(s: Shape, slopes: Any, mask: Any, causal: bool, device: str, dty
 
     from attnkit.runtime import layout
 
-    if mask is not None and not isinstance(mask, torch.Tensor):  # a causal_lower_right object: its dense form
+    from torch.nn.attention.bias import CausalBias
+
+    if isinstance(mask, CausalBias):  # a causal_lower_right object (a Tensor subclass): its dense form
         mask = layout.allowed_mask(s.seqlen_q, s.seqlen_k, causal=True, window=None, device=device)
     if mask is None and causal:
         mask = layout.allowed_mask(s.seqlen_q, s.seqlen_k, causal=True, window=None, device=device)

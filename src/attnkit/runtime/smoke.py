@@ -129,6 +129,9 @@ def check(backend: str, case_name: str, dtype: str, device: str) -> dict[str, An
             except NoBackendError as exc:
                 return {**entry, "outcome": "skipped", "reason": f"{COMPILED}: {str(exc).splitlines()[0]}"}
             kw = _kwargs(inp)
+            # one lambda's code object serves every check: without a reset, dynamo's recompile limit (8 graphs
+            # per code object) ends the compiled rows after eight (FailOnRecompileLimitHit under fullgraph)
+            torch._dynamo.reset()
             fn = torch.compile(lambda q, k, v: attention(q, k, v, **kw), fullgraph=True, backend="aot_eager")
             out = fn(inp.q, inp.k, inp.v)
         elif backend == AUTO:

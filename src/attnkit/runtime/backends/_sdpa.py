@@ -52,9 +52,9 @@ def grad_like_output(out: Any) -> Any:
 
 
 def cudnn_backward_possible(call: AttentionCall, sdp_name: str | None) -> bool:
-    """Can this eager call's backward run cuDNN's kernel (forced, or as torch's own pick)? Graphs are left to
-    torch.compile, whose lowering fixes the gradient's layout for this op itself; softcap runs eager math."""
-    return (call.requires_grad and call.device == "cuda" and not call.trace and not call.softcap
+    """Can this call's backward run cuDNN's kernel (forced, or as torch's own pick, eager or in a graph)?
+    softcap runs eager math."""
+    return (call.requires_grad and call.device == "cuda" and not call.softcap
             and sdp_name in (None, "CUDNN_ATTENTION"))
 
 
@@ -137,9 +137,11 @@ class SdpaBackend(Backend):
                 kw["attn_mask"] = ok
 
         # cuDNN's backward may run (forced, or torch's own pick, which a graph or a mask object hides from us):
-        # its output gradient must arrive laid out like its output (grad_like_output). Graphs are left to
-        # torch.compile, whose lowering fixes the gradient's layout for this op itself.
+        # its output gradient must arrive laid out like its output (grad_like_output; in a graph, _sdpa_graph.LikeOutput)
         guard = cudnn_backward_possible(call, self.sdp_name)
+        like = None
+        if guard and call.trace:  # a tensor hook is not recorded by a graph: the same relayout as an op
+            from attnkit.runtime.backends._sdpa_graph import LikeOutput as like
         idx_q = idx_k = None
         if call.varlen:  # indices into the padded buffer: computed once per cu_seqlens, not per call
             idx_q = layout.varlen_indices(p.cu_seqlens_q, sq)
@@ -157,7 +159,9 @@ class SdpaBackend(Backend):
                 out = sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kw)
             else:
                 out = sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias_of(), **kw)
-            if guard and out.requires_grad:
+            if like is not None:
+                out = like.apply(out)
+            elif guard and out.requires_grad:
                 out = grad_like_output(out)
             if empty is not None:  # all-False unless some row sees no key: no host sync to find out
                 out = out.masked_fill(empty, 0.0)

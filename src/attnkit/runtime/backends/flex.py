@@ -4,7 +4,8 @@ SDPA reads from memory. Two backends, so that measurement can tell them apart:
 
 - `flex`: the Triton kernels inductor generates (any CUDA GPU from sm80, forward and backward).
 - `flex_flash`: the same call with `kernel_options={"BACKEND": "FLASH"}`, FlashAttention-4's CuTe kernels behind
-  flex (torch >= 2.11 and flash-attn-4 installed; sm90 and sm100 only). Experimental upstream.
+  flex (torch >= 2.11 and flash-attn-4 installed; sm90 and sm100 only). Experimental upstream, and off here
+  unless opted in (FLASH_BROKEN says why).
 
 Measured on the H200 (docs/results/2026-12-01-h200-flex-alibi.json; ALiBi causal B8 S2048 H16 D128 bf16): forward back to back
 flex FLASH 0.45 ms, flex Triton 0.49 ms, SDPA with a bias built once 0.92 ms; fwd+bwd 2.36 / 2.08 / 3.49 ms. flex
@@ -25,6 +26,7 @@ Under torch.compile / torch.export, flex_attention is recorded as the higher-ord
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 from typing import Any, ClassVar
 
@@ -36,6 +38,15 @@ from attnkit.runtime.call import AttentionCall, Params
 
 MIN_TORCH = Version("2.5")  # torch.nn.attention.flex_attention appeared in 2.5
 MIN_TORCH_FLASH = Version("2.11")  # kernel_options BACKEND="FLASH" (flex on FlashAttention-4's CuTe kernels)
+# flex's FLASH backend raised on 216 of 461 cases of flash-attn's test grid on the H200 (torch 2.11.0, FA4
+# 4.0.0b36; docs/results/2026-12-01-h200-oracle-flex.json): "NYI: score_mod or mask_mod captures a dynamic
+# scalar", "Block sparsity requires sparse_block_size[1] to be a multiple of tile_n=80" (D256), an Int64/Int32
+# store mismatch on document masks, and backward "compiled with non-empty donated buffers". Raising is not wrong
+# (nothing answered wrongly), but a backend that raises on half of the calls it claims is not one to select:
+# off unless asked for, until a torch release passes that grid.
+OPT_IN_FLASH = "ATTNKIT_EXPERIMENTAL_FLEX_FLASH"
+FLASH_BROKEN = (f"flex's FLASH backend raises on masks, score mods and backward on torch 2.11 (flash-attn's "
+                f"test grid, H200); opt in with {OPT_IN_FLASH}=1")
 
 # traces: flex_attention is torch's own higher-order op, which torch.compile / torch.export record as it is
 _TRITON = Limits(devices=frozenset({"cuda", "cpu"}), min_capability=(8, 0),
@@ -55,11 +66,29 @@ def _flex() -> tuple[Any, Any]:
     return flex_attention, create_block_mask
 
 
+def _entry(q: Any, k: Any, v: Any, block_mask: Any, kw: dict[str, Any]) -> Any:
+    """The body of every compiled entry point; `_flex_attention` is bound in each one's own globals."""
+    return _flex_attention(q, k, v, block_mask=block_mask, **kw)  # type: ignore[name-defined]  # noqa: F821
+
+
 @functools.cache
-def _compiled() -> Any:
+def _compiled(signature: tuple[Any, ...]) -> Any:
+    """torch.compile of flex_attention, one entry point (its own code object) per call signature. dynamo keeps
+    at most `recompile_limit` (8) graphs per code object; past that it runs the function uncompiled, and flex's
+    uncompiled path failed every score_mod call on the H200 ("RuntimeError when making fake tensor call": the
+    smoke's ALiBi and softcap rows, after a dozen other flex signatures in one process). Sizes do not multiply
+    entries: dynamo's automatic dynamic shapes make a second sequence length a dynamic graph."""
+    import types
+
     import torch
 
-    return torch.compile(_flex()[0])
+    code = _entry.__code__.replace(co_name=f"flex_attention_{len(_SIGNATURES)}")
+    _SIGNATURES.append(signature)
+    scope = {**_entry.__globals__, "_flex_attention": _flex()[0]}
+    return torch.compile(types.FunctionType(code, scope, code.co_name))
+
+
+_SIGNATURES: list[tuple[Any, ...]] = []  # the compiled entry points' signatures, in the order they were made
 
 
 def allow_many_signatures(limit: int = 1024) -> None:
@@ -166,12 +195,17 @@ class Flex(Backend):
         device = q.device
         mask_mod, score_mod, q_len, kv_len = mask_and_score(call, p, device)
         eager_cuda = call.device == "cuda" and not call.trace
-        # eager CUDA: torch's compiled flex; in a graph: the op itself (the graph's compiler lowers it); CPU eager:
-        # flex's reference path
-        fn = _compiled() if eager_cuda else flex
         kw: dict[str, Any] = {"score_mod": score_mod, "scale": p.scale, "enable_gqa": call.gqa}
         if self.kernel_options:
             kw["kernel_options"] = dict(self.kernel_options)
+        if eager_cuda:  # what dynamo specialises a graph on, sizes aside
+            compiled = _compiled((self.name, call.dtype, call.requires_grad, call.gqa, call.varlen, call.causal,
+                                  call.window is not None, call.alibi, bool(call.softcap), call.head_dim))
+
+            def fn(q: Any, k: Any, v: Any, block_mask: Any, **kw: Any) -> Any:
+                return compiled(q, k, v, block_mask, kw)
+        else:  # in a graph: the op itself (the graph's compiler lowers it); CPU eager: flex's reference path
+            fn = flex
         varlen = call.varlen
         blocks: list[Any] = []  # the block mask, made by the first run: a failure there falls back like a kernel's
 
@@ -213,4 +247,6 @@ class FlexFlash(Flex):
         if _torch_version(probe) < MIN_TORCH_FLASH:
             return [f"torch {probe.torch.version} has no FlexAttention FLASH backend (needs torch >= "
                     f"{MIN_TORCH_FLASH})"]
+        if os.environ.get(OPT_IN_FLASH) != "1":
+            return [FLASH_BROKEN]
         return [loaders.FA4_STATE["error"]] if "error" in loaders.FA4_STATE else []
