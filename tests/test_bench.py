@@ -61,6 +61,16 @@ def test_plain_candidate_is_correct_and_the_check_catches_a_wrong_output(label):
             assert numerics.max_error(c, wrong, "attnkit") > 10 * numerics.BENCH_TOL["float32"]
 
 
+@pytest.mark.parametrize("sq, sk", [(32, 96), (96, 32), (64, 64)])
+def test_plain_alibi_call_matches_the_reference(sq, sk):
+    """The plain call with ALiBi: a bias built once over the mask, also when that mask is torch's
+    causal_lower_right object (a Tensor subclass: the H200 sweep's first ALiBi chunk crashed on it)."""
+    s = shapes.Shape("alibi", 2, 4, 4, sq, sk, 32, "float32", causal=True, alibi=True, train=False)
+    c = candidates.Case(s, "cpu")
+    with torch.no_grad():
+        assert numerics.max_error(c, c._plain(c.q, c.k, c.v), "sdpa_plain") < numerics.BENCH_TOL["float32"]
+
+
 def test_ratios_use_the_fastest_correct_candidate():
     ms = {"sdpa_plain": {"fwd": {"sync": 2.0, "b2b": 1.0}}, "attnkit": {"fwd": {"sync": 1.0, "b2b": 1.25}},
           "flash_attn4": {"fwd": {"sync": 0.5, "b2b": 2.0}}}
@@ -109,3 +119,17 @@ def test_bench_rejects_an_unknown_shape(capsys):
 
     assert main(["bench", "--shape", "nope"]) == 2
     assert "--shape: unknown shape 'nope'; known: tiny" in capsys.readouterr().err
+
+
+def test_compiled_against_eager_side_by_side_on_cpu():
+    """bench --compiled's one-shape comparison: the compiled graph computes what eager does, both timed in one
+    run (ratios), forward and fwd+bwd; the command itself needs a GPU and says so in one line."""
+    from attnkit.bench import compiled
+    from attnkit.errors import UsageError
+
+    row = compiled.compare(shapes.Shape("t", 2, 4, 2, 64, 64, 32, "float32"), "cpu", iters=2, rounds=2)
+    assert set(row["ratio"]) == {"fwd", "fwdbwd"} and all(x > 0 for m in row["ratio"].values() for x in m.values())
+    assert max(row["max_abs_diff"].values()) < 1e-5 and row["eager_pick"]["fwd"]
+    if not torch.cuda.is_available():
+        with pytest.raises(UsageError, match="needs a CUDA GPU"):
+            compiled.run_compiled("/nonexistent/x.json")

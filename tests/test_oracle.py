@@ -105,6 +105,37 @@ def test_merge_joins_shards_and_recounts(tmp_path: Path) -> None:
         oracle.merge([str(tmp_path / "junk.json")], None, quiet=True)
 
 
+def test_an_own_pick_pass_and_a_forced_pass_merge_per_backend(tmp_path: Path) -> None:
+    """The GPU plan: attention()'s own pick over the whole grid, the forced backends over what a budget allows;
+    merged, a case holds both passes' results, and 'left by the budget' counts the cases no pass reached."""
+    own, forced = tmp_path / "own.json", tmp_path / "forced.json"
+    words = ["dense", "mha", "local=False", "alibi=False", "sq=113", "sk=203"]
+    oracle.run_oracle(REF, out=str(own), backends=["attnkit"], words=words, quiet=True)
+    oracle.run_oracle(REF, out=str(forced), backends=["sdpa_math"], words=[*words, "causal=True", "d=32"], quiet=True)
+    merged = tmp_path / "m.json"
+    assert oracle.merge([str(own), str(forced)], str(merged), quiet=True) == 0
+    doc = json.loads(merged.read_text())
+    n = len(json.loads(own.read_text())["cases"])
+    assert n >= 2 and len(doc["cases"]) == n and doc["grid_cases"] == n and doc["skipped_budget"] == 0
+    assert doc["counts"]["attnkit"]["pass"] == n and doc["counts"]["sdpa_math"]["pass"] == 1
+    assert {tuple(p["backends"]) for p in doc["passes"]} == {("attnkit",), ("sdpa_math",)}
+    both = [c for c in doc["cases"] if len(c["results"]) == 2]
+    assert len(both) == 1 and set(both[0]["results"]) == {"attnkit", "sdpa_math"}
+    oracle.run_oracle(REF, out=str(forced), backends=["sdpa_math"], words=words, quiet=True, budget=0.0)
+    oracle.merge([str(forced)], str(merged), quiet=True)
+    assert json.loads(merged.read_text())["skipped_budget"] == n  # no case reached: all left by the budget
+
+
+def test_forced_budget_leaves_the_rest_to_the_own_pick(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    oracle.run_oracle(REF, out=str(out), backends=["attnkit", "sdpa_math"],
+                      words=["dense", "mha", "local=False", "alibi=False", "sq=113", "sk=203"], quiet=True,
+                      forced_budget=0.0)
+    doc = json.loads(out.read_text())
+    assert doc["own_pick_only"] == len(doc["cases"]) >= 2 and "sdpa_math" not in doc["counts"]
+    assert doc["counts"]["attnkit"]["pass"] == len(doc["cases"])
+
+
 def test_cli_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     from attnkit.cli import main
 

@@ -7,6 +7,7 @@ import gc
 import json
 import subprocess
 import sys
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -103,11 +104,22 @@ def test_no_table_for_the_architecture_falls_back_to_the_rows(tables):
     assert priority.order_for(c, (8, 0))[1].source == "table"
 
 
-def test_a_far_call_is_reported_far(tables):
+def test_a_far_point_does_not_decide(tables):
     c = call()
-    write(tables, _table({table.cell_of(c): [pt(128, 20.0, "sdpa_flash")]}))
-    d = priority.order_for(c, (9, 0))[1]
-    assert d.far and "far from every measured point" in d.describe()
+    rows = priority.order_for(c, (9, 0))
+    assert rows[1].source != "table"
+    for far in (pt(128, table.log2_work(c) - 3.5, "sdpa_flash"),  # 11x less work
+                pt(32, table.log2_work(c), "sdpa_flash")):  # the same work, a head dim 4x smaller
+        write(tables, _table({table.cell_of(c): [far]}))
+        d = table.decide(c, table.table_for((9, 0)))
+        assert d is not None and d.far and "far from every measured point" in d.describe()
+        order, decided = priority.order_for(c, (9, 0))
+        assert order == rows[0] and decided.source == rows[1].source  # the rows decide, as with no table
+        assert "is far from this call" in decided.describe()
+    # within 8x of work and one octave of head dim: the point decides
+    write(tables, _table({table.cell_of(c): [pt(64, table.log2_work(c) - 2.9, "sdpa_flash")]}))
+    order, decided = priority.order_for(c, (9, 0))
+    assert decided.source == "table" and order[0] == "sdpa_flash"
 
 
 @pytest.mark.parametrize("bad, msg", [
@@ -142,6 +154,25 @@ def test_flex_flash_is_off_unless_opted_in(monkeypatch):
     # selection never reaches it by default: ALiBi, forward or training, goes to flex's Triton kernels
     monkeypatch.delenv("ATTNKIT_EXPERIMENTAL_FLEX_FLASH")
     assert sel.SELECTOR.select(call(alibi=True, requires_grad=False), ok).name == "flex"
+
+
+def test_flex_compiles_one_entry_point_per_signature():
+    """dynamo keeps 8 graphs per code object; each signature's entry point has its own, and computes flex."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    a, b = flex_mod._compiled(("test", 1)), flex_mod._compiled(("test", 2))
+    assert a is flex_mod._compiled(("test", 1)) and a is not b
+    codes = {f._torchdynamo_orig_callable.__code__ for f in (a, b)}
+    assert len(codes) == 2 and flex_mod._entry.__code__ not in codes
+    q, k, v = (torch.randn(1, 2, 32, 16) for _ in range(3))
+
+    def alibi(score, b, h, i, j):
+        return score - 0.25 * (i - j).abs()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # flex's eager path warns that it is not compiled: known
+        want = flex_attention(q, k, v, score_mod=alibi)
+    assert torch.allclose(a(q, k, v, None, {"score_mod": alibi}), want, atol=1e-5)
 
 
 def test_flex_limits_as_data(monkeypatch):

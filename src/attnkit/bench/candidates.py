@@ -156,10 +156,9 @@ def _plain_bias(s: Shape, slopes: Any, mask: Any, causal: bool, device: str, dty
     """The additive bias a user builds once for SDPA: -slope * |j - i - (Sk - Sq)|, -inf where the mask (or
     bottom-right causal) rules a key out; None when there is nothing to add."""
     import torch
+    from torch.nn.attention.bias import CausalBias
 
     from attnkit.runtime import layout
-
-    from torch.nn.attention.bias import CausalBias
 
     if isinstance(mask, CausalBias):  # a causal_lower_right object (a Tensor subclass): its dense form
         mask = layout.allowed_mask(s.seqlen_q, s.seqlen_k, causal=True, window=None, device=device)

@@ -266,7 +266,7 @@ def run_oracle(tests: str, out: str | None = None, budget: float = 600.0, shard:
            "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
            "rule": "output error <= 2x, gradient errors <= 3x the error of PyTorch's low-precision math "
                    "(flash-attn's tests), both against the fp32 reference",
-           "shard": list(shard) if shard else None, "filter": words, "budget_s": budget,
+           "shard": list(shard) if shard else None, "backends": run, "filter": words, "budget_s": budget,
            "seconds": round(time.monotonic() - t0, 1), "grid_cases": len(cases), "skipped_budget": skipped,
            "forced_budget_s": forced_budget, "own_pick_only": own_only,
            "unavailable": {n: r for n, r in unavailable.items() if r}, "counts": counts(done), "cases": done}
@@ -293,12 +293,22 @@ def merge(paths: list[str], out: str | None, quiet: bool = False) -> int:
         for c in d["cases"]:  # a later report's result for a backend replacing an earlier one
             by_tag.setdefault(c["case"], {"case": c["case"], "results": {}})["results"].update(c["results"])
     cases = list(by_tag.values())
-    doc = {**{k: v for k, v in docs[0].items() if k not in ("cases", "counts", "shard")},
-           "merged": [{"shard": d.get("shard"), "seconds": d.get("seconds"), "cases": len(d["cases"]),
-                       "skipped_budget": d.get("skipped_budget"), "own_pick_only": d.get("own_pick_only", 0)}
-                      for d in docs],
+    passes: dict[tuple[str, ...], dict[str, Any]] = {}  # reports of one backend list: the shards of one pass
+    for d in docs:
+        key = tuple(d.get("backends") or ("?",))
+        p = passes.setdefault(key, {"backends": list(key), "grid_cases": 0, "cases": 0, "skipped_budget": 0})
+        p["grid_cases"] += d.get("grid_cases", len(d["cases"]))
+        p["cases"] += len(d["cases"])
+        p["skipped_budget"] += d.get("skipped_budget", 0)
+    grid_cases = max(p["grid_cases"] for p in passes.values())
+    doc = {**{k: v for k, v in docs[0].items() if k not in ("cases", "counts", "shard", "backends")},
+           "merged": [{"shard": d.get("shard"), "backends": d.get("backends"), "seconds": d.get("seconds"),
+                       "cases": len(d["cases"]), "skipped_budget": d.get("skipped_budget"),
+                       "own_pick_only": d.get("own_pick_only", 0)} for d in docs],
+           "passes": list(passes.values()), "grid_cases": grid_cases,
            "own_pick_only": sum(d.get("own_pick_only", 0) for d in docs),
-           "seconds": max(d.get("seconds", 0) for d in docs), "skipped_budget": sum(d.get("skipped_budget", 0) for d in docs),
+           "seconds": max(d.get("seconds", 0) for d in docs),
+           "skipped_budget": max(0, grid_cases - len(cases)),  # cases no pass reached
            "counts": counts(cases), "cases": cases}
     if out:
         write_atomic(Path(out), json.dumps(doc, indent=1))

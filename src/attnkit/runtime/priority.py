@@ -181,15 +181,19 @@ def order_for(call: AttentionCall, capability: tuple[int, int] | None) -> tuple[
     if call.device == "cuda" and capability is None:
         return base, Decision("default", "no GPU capability known")
     measured = table.table_for(capability if call.device == "cuda" else None)
+    too_far = ""
     if measured is not None:
         d = table.decide(call, measured)
-        if d is not None:
+        if d is not None and not d.far:
             return (*d.order, *(n for n in base if n not in d.order)), d
+        if d is not None:  # rule 4 decides; the decision says which measured point was too far to
+            too_far = f" (the table's nearest point, {d.label}, is far from this call)"
     if call.device != "cuda":
-        return base, Decision("default", f"{call.device} order")
+        return base, Decision("default", f"{call.device} order{too_far}")
     assert capability is not None
     f = features(call)
     for row in ROWS:
         if row.matches(f, capability):
-            return (*row.order, *(n for n in base if n not in row.order)), Decision("row", row.label, row.order)
-    return base, Decision("default", f"{table.arch_name(capability)} default order")
+            return ((*row.order, *(n for n in base if n not in row.order)),
+                    Decision("row", row.label + too_far, row.order))
+    return base, Decision("default", f"{table.arch_name(capability)} default order{too_far}")

@@ -109,8 +109,10 @@ def check(backend: str, case_name: str, dtype: str, device: str) -> dict[str, An
     """One backend (or AUTO) on one case and dtype: forward and backward against the float64 reference."""
     import torch
 
+    from attnkit.runtime.attention import attention
     from attnkit.runtime.backends import REGISTRY
     from attnkit.runtime.probe import probe
+    from attnkit.runtime.select import NoBackendError, select
 
     entry: dict[str, Any] = {"backend": backend, "case": case_name, "dtype": dtype}
     inp = inputs(CASES[case_name], dtype, device)
@@ -119,9 +121,6 @@ def check(backend: str, case_name: str, dtype: str, device: str) -> dict[str, An
         call, params = inp.prepare()
         fn: Any = None
         if backend == COMPILED:
-            from attnkit.runtime.attention import attention
-            from attnkit.runtime.select import NoBackendError, select
-
             if case_name not in COMPILED_CASES:
                 return {**entry, "outcome": "skipped", "reason": f"{COMPILED}: run on {', '.join(COMPILED_CASES)}"}
             try:
@@ -135,9 +134,6 @@ def check(backend: str, case_name: str, dtype: str, device: str) -> dict[str, An
             fn = torch.compile(lambda q, k, v: attention(q, k, v, **kw), fullgraph=True, backend="aot_eager")
             out = fn(inp.q, inp.k, inp.v)
         elif backend == AUTO:
-            from attnkit.runtime.attention import attention
-            from attnkit.runtime.select import NoBackendError, select
-
             try:
                 entry["selected"] = select(call).name
             except NoBackendError as exc:
@@ -164,10 +160,12 @@ def check(backend: str, case_name: str, dtype: str, device: str) -> dict[str, An
             go = g.to(out.dtype)
             entry["bwd_err"] = {}
             for label, grad_out in (("", go), (" (dO in another layout)", _other_layout(go))):
-                if backend == COMPILED:  # a compiled backward donates its buffers: one backward per forward
-                    out = fn(inp.q, inp.k, inp.v)
-                grads = torch.autograd.grad(out, (inp.q, inp.k, inp.v), grad_out,
-                                            retain_graph=not label and backend != COMPILED)
+                if label:  # one backward per forward: a compiled backward (flex's, a graph's) donates its
+                    # buffers, so a second backward through one graph (retain_graph) is refused by torch
+                    out = (fn(inp.q, inp.k, inp.v) if fn is not None else
+                           attention(inp.q, inp.k, inp.v, **_kwargs(inp)) if backend == AUTO else
+                           REGISTRY[backend].run(inp.q, inp.k, inp.v, call, params))
+                grads = torch.autograd.grad(out, (inp.q, inp.k, inp.v), grad_out)
                 for name, a, b in zip("qkv", grads, refs, strict=True):
                     if not torch.isfinite(a).all():
                         problems.append(f"d{name} has NaN/inf{label}")

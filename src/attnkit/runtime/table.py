@@ -14,8 +14,11 @@ The rule, in full:
    mode does not lose the other by much. Then the architecture's full default order (runtime/priority.py), so a
    table never hides a backend: one missing here (FA4 not installed) falls through to the next.
 4. No table for the GPU's architecture, or no cell for the call: the hand-written rows of runtime/priority.py.
-A call far from every point (more than FAR_LOG2 in log2(work) away) still uses the nearest point and is
-reported as far: the opt-in autotune ($ATTNKIT_AUTOTUNE=1) is the tool for those.
+A call FAR from its cell's points (the nearest more than FAR_LOG2 away in log2(work), or its head dim more than
+one octave away) is not decided by them: one measurement does not stand for a call 8x larger or with twice the
+head dim (on the H200 the winner of one cell changed within that span: the tune sweep's PNG). The hand-written
+rows decide it (rule 4), and the decision says which table point was too far; the opt-in autotune
+($ATTNKIT_AUTOTUNE=1) measures such calls on the spot.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from typing import Any
 from attnkit.runtime.call import AttentionCall
 
 SCHEMA = 1
-FAR_LOG2 = 3.0  # a point more than 8x away in work is "far" (reported; autotune is the opt-in for those)
+FAR_LOG2 = 3.0  # a point more than 8x away in work is "far": it does not decide (rule 4 does)
+FAR_HEAD_DIM_LOG2 = 1.0  # nor one whose head dim is more than 2x away
 ENV_TABLES = "ATTNKIT_SELECTION_DIR"  # a folder of <arch>.json tables used instead of the packaged ones
 
 
@@ -166,6 +170,8 @@ def decide(call: AttentionCall, table: dict[str, Any]) -> Decision | None:
     if not points:
         return None
     w = log2_work(call)
-    pt = nearest(points, max(call.head_dim, call.head_dim_v), w)
+    pt = nearest(points, max(call.head_dim, call.head_dim_v), w)  # rule 2
     label = f"{table.get('arch', '?')} {key} D{pt['head_dim']} log2(work)={pt['log2_work']:g}"
-    return Decision("table", label, tuple(pt["order"]), far=abs(pt["log2_work"] - w) > FAR_LOG2)
+    hd = max(call.head_dim, call.head_dim_v)
+    far = abs(pt["log2_work"] - w) > FAR_LOG2 or abs(math.log2(pt["head_dim"]) - math.log2(hd)) > FAR_HEAD_DIM_LOG2
+    return Decision("table", label, tuple(pt["order"]), far=far)

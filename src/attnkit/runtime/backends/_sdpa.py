@@ -139,9 +139,11 @@ class SdpaBackend(Backend):
         # cuDNN's backward may run (forced, or torch's own pick, which a graph or a mask object hides from us):
         # its output gradient must arrive laid out like its output (grad_like_output; in a graph, _sdpa_graph.LikeOutput)
         guard = cudnn_backward_possible(call, self.sdp_name)
-        like = None
+        like: Any = None
         if guard and call.trace:  # a tensor hook is not recorded by a graph: the same relayout as an op
-            from attnkit.runtime.backends._sdpa_graph import LikeOutput as like
+            from attnkit.runtime.backends._sdpa_graph import LikeOutput
+
+            like = LikeOutput
         idx_q = idx_k = None
         if call.varlen:  # indices into the padded buffer: computed once per cu_seqlens, not per call
             idx_q = layout.varlen_indices(p.cu_seqlens_q, sq)
