@@ -13,7 +13,7 @@ from typing import Any
 
 from attnkit._io import write_atomic
 from attnkit.bench.candidates import Case
-from attnkit.bench.shapes import Shape, suite
+from attnkit.bench.shapes import Shape, named, suite
 from attnkit.bench.timer import interleaved, warm, warm_gpu
 from attnkit.errors import UsageError
 
@@ -90,14 +90,8 @@ def run_compiled(out: str, only: list[str] | None = None, budget_s: float = 1200
     if not torch.cuda.is_available():
         raise UsageError("--compiled: needs a CUDA GPU (it compares compiled against eager kernels)")
     allow_many_signatures()
-    shapes = suite(False)
-    if only:
-        known = {s.label for s in shapes}
-        for label in only:
-            if label not in known:
-                raise UsageError(f"--shape: unknown shape {label!r}; known: {', '.join(sorted(known))}")
-        shapes = [s for s in shapes if s.label in only]
-    else:
+    shapes = named(suite(False), only)
+    if not only:
         p = probe()
         shapes = [s for s in shapes if any(select(Case(s, "cuda").call(g), p).name in JIT_BACKENDS
                                            for g in ((False, True) if s.train else (False,)))]

@@ -16,7 +16,7 @@ from typing import Any
 from attnkit._io import write_atomic
 from attnkit.bench.candidates import AUTO, PLAIN, Case
 from attnkit.bench.numerics import BENCH_TOL, max_error
-from attnkit.bench.shapes import Shape, attn_flops, suite
+from attnkit.bench.shapes import Shape, attn_flops, named, suite
 from attnkit.bench.timer import interleaved, sync, warm, warm_gpu
 from attnkit.runtime import table
 
@@ -211,7 +211,7 @@ def run_bench(out: str | None = None, quick: bool = False, png: bool = True, onl
     from rich.console import Console
     from rich.table import Table
 
-    from attnkit.errors import AttnkitError, UsageError
+    from attnkit.errors import AttnkitError
     from attnkit.runtime.probe import probe
 
     p = probe()
@@ -219,13 +219,7 @@ def run_bench(out: str | None = None, quick: bool = False, png: bool = True, onl
         raise AttnkitError("bench: torch is not installed; install the torch of your matrix cell first")
     device = "cuda" if p.has_gpu and p.torch.cuda_available else "cpu"
     quick = quick or device == "cpu"
-    shapes_to_run = suite(quick)
-    if only:
-        known = {s.label for s in shapes_to_run}
-        for label in only:
-            if label not in known:
-                raise UsageError(f"--shape: unknown shape {label!r}; known: {', '.join(sorted(known))}")
-        shapes_to_run = [s for s in shapes_to_run if s.label in only]
+    shapes_to_run = named(suite(quick), only)
     con = Console(width=200)
     if device == "cuda":
         warm_gpu()

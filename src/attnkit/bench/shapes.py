@@ -84,6 +84,19 @@ def suite(quick: bool) -> list[Shape]:
     ]
 
 
+def named(shapes: list[Shape], only: list[str] | None) -> list[Shape]:
+    """The shapes `--shape` names (all when none), in suite order; an unknown label is one line listing the known."""
+    if not only:
+        return shapes
+    from attnkit.errors import UsageError
+
+    known = {s.label for s in shapes}
+    for label in only:
+        if label not in known:
+            raise UsageError(f"--shape: unknown shape {label!r}; known: {', '.join(sorted(known))}")
+    return [s for s in shapes if s.label in only]
+
+
 def attn_flops(batch: int, heads: int, sq: int, sk: int, d: int, causal: bool) -> float:
     """Forward FLOPs (two matmuls); causal counts only the visible half when sq == sk."""
     f = 4.0 * batch * heads * sq * sk * d
