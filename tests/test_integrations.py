@@ -83,8 +83,9 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_compiled_fullgraph_matches_eager(case):
+@pytest.mark.parametrize("dynamic", [None, True])  # True: every size and captured int symbolic (a window
+@pytest.mark.parametrize("case", list(CASES))  # captured by the compiled function failed before graph.constant_window)
+def test_compiled_fullgraph_matches_eager(case, dynamic):
     kw = dict(CASES[case])
     sq = kw.pop("sq", 16)
     q, k, v = _qkv(2, sq, 16, 4, 2, 32)
@@ -93,7 +94,7 @@ def test_compiled_fullgraph_matches_eager(case):
         return attention(q, k, v, **kw)
 
     torch._dynamo.reset()
-    out, grads = _fwd_bwd(torch.compile(f, fullgraph=True, backend="aot_eager"), q, k, v)
+    out, grads = _fwd_bwd(torch.compile(f, fullgraph=True, backend="aot_eager", dynamic=dynamic), q, k, v)
     ref, ref_grads = _fwd_bwd(f, q, k, v)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     for g, r in zip(grads, ref_grads, strict=True):

@@ -47,7 +47,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
                                      ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)) if t is not None)
         tensors = tuple(t for t in (alibi_slopes, attn_bias, cu_seqlens_q, cu_seqlens_k) if t is not None)
         return graph.ENTRY(q, k, v, bool(causal), float(softmax_scale or 0.0).as_integer_ratio(),
-                           float(dropout_p).as_integer_ratio(), tuple(window) if window is not None else (-1, -1),  # type: ignore[arg-type]
+                           float(dropout_p).as_integer_ratio(), graph.constant_window(window),
                            float(softcap).as_integer_ratio(), backend or "",
                            names, tensors, (-1 if max_seqlen_q is None else max_seqlen_q,
                                             -1 if max_seqlen_k is None else max_seqlen_k))

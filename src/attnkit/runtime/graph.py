@@ -38,6 +38,16 @@ def run_traced(inp: Inputs, backend: str | None, trace: str) -> Any:
 Ratio = tuple[int, int]
 
 
+def constant_window(window: tuple[int, int] | None) -> tuple[int, int]:
+    """The window as constants of the graph ((-1, -1) = none). Under dynamic=True dynamo makes ints it finds in a
+    closure symbolic (SymInt), and a window chooses the kernel and the mask; nonstrict_trace then rejects the
+    call ("Unsupported output type", found on the CPU for a window captured by the compiled function).
+    `float(x).as_integer_ratio()` specialises a SymInt to its value (a guard), as for the float arguments."""
+    if window is None:
+        return (-1, -1)
+    return (int(float(window[0]).as_integer_ratio()[0]), int(float(window[1]).as_integer_ratio()[0]))
+
+
 def compiled(q: Any, k: Any, v: Any, causal: bool, scale_ratio: Ratio, dropout_ratio: Ratio, window: tuple[int, int],
              softcap_ratio: Ratio, backend: str, names: tuple[str, ...], tensors: tuple[Any, ...],
              max_seqlens: tuple[int, int]) -> Any:

@@ -21,7 +21,7 @@ from attnkit.errors import first_line
 # (forward, backward) max abs error per dtype on unit-variance inputs, against the float64 reference
 TOL = {"float16": (4e-3, 2e-2), "bfloat16": (2.5e-2, 1e-1), "float32": (2e-4, 2e-3), "float64": (1e-7, 1e-6)}
 AUTO = "attnkit"  # the row that goes through attention() and its selection
-# attention() under torch.compile(fullgraph=True): what a graph records (FlashAttention-4 through attnkit's
+# attention() under torch.compile(fullgraph=True, dynamic=True): what a graph records (FlashAttention-4 through attnkit's
 # torch.library ops, flex, SDPA's aten ops) checked like eager, forward and backward. backend="aot_eager": the
 # graph AOTAutograd records, run without inductor's code generation (the kernels are the recorded ops' own)
 COMPILED = "attnkit-compiled"
@@ -129,9 +129,11 @@ def check(backend: str, case_name: str, dtype: str, device: str) -> dict[str, An
                 return {**entry, "outcome": "skipped", "reason": f"{COMPILED}: {str(exc).splitlines()[0]}"}
             kw = _kwargs(inp)
             # one lambda's code object serves every check: without a reset, dynamo's recompile limit (8 graphs
-            # per code object) ends the compiled rows after eight (FailOnRecompileLimitHit under fullgraph)
+            # per code object) ends the compiled rows after eight (FailOnRecompileLimitHit under fullgraph).
+            # dynamic=True: every size symbolic, as a model compiled for varying lengths has them
             torch._dynamo.reset()
-            fn = torch.compile(lambda q, k, v: attention(q, k, v, **kw), fullgraph=True, backend="aot_eager")
+            fn = torch.compile(lambda q, k, v: attention(q, k, v, **kw), fullgraph=True, backend="aot_eager",
+                               dynamic=True)
             out = fn(inp.q, inp.k, inp.v)
         elif backend == AUTO:
             try:
