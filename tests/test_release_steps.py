@@ -99,7 +99,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize("args, code, needle", [
     (["--cell", "torch2.13-cpu-py311", "--push", "img"], 2, "--push: give exactly one --variant"),
-    (["--cell", "torch9.9-cpu-py311", "--variant", "runtime"], 1, "torch9.9-cpu-py311"),
+    (["--cell", "torch9.9-cpu-py311", "--variant", "runtime"], 2, "torch9.9-cpu-py311"),
     (["--cell", "torch2.13-cpu-py311", "--tool", "crane"], 2, "--tool"),
     (["--cell", "torch2.13-cpu-py311", "--tls-verify", "no"], 2, "--tls-verify"),
 ])

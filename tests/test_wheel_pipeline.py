@@ -147,8 +147,8 @@ def test_arch_subset_test_build(py, cache, tmp_path):
     assert list(rep["verify"]["checks"]["archs_found"].values()) == [["sm_90"]]
 
 
-def one_line_error(r: subprocess.CompletedProcess[str], *needles: str) -> None:
-    assert r.returncode == 1, r.stdout + r.stderr
+def one_line_error(r: subprocess.CompletedProcess[str], *needles: str, code: int = 1) -> None:
+    assert r.returncode == code, r.stdout + r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("attnkit: error: "), r.stderr
     for n in needles:
@@ -159,7 +159,7 @@ def test_bad_inputs(py, cache, tmp_path):
     out = tmp_path / "house"
     args = build_args(out, tmp_path / "b", py)
     r = attnkit(py, cache, *[a if a != CELL else "torch2.14-cu131-py311" for a in args], check=False)
-    one_line_error(r, "--cell: unknown cell 'torch2.14-cu131-py311'", "did you mean")
+    one_line_error(r, "--cell: unknown cell 'torch2.14-cu131-py311'", "did you mean", code=2)
     r = attnkit(py, cache, *[a if a != "pypi" else str(tmp_path / "nowhere") for a in args], check=False)
     one_line_error(r, "toolkit: --toolkit", "has no bin/nvcc")
     stub = tmp_path / "cuda12" / "bin"

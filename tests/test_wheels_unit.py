@@ -349,7 +349,7 @@ def test_wheels_torch_names_the_cells_torch_build(capsys, monkeypatch):
     monkeypatch.setenv("ATTNKIT_TORCH_INDEX", "https://mirror.example/torch/cu130")
     assert main(["wheels", "torch", "--cell", "torch2.14-cu130-py312"]) == 0
     assert capsys.readouterr().out.strip() == "torch==2.14.1 --index-url https://mirror.example/torch/cu130"
-    assert main(["wheels", "torch", "--cell", "torch2.14-cu999-py312"]) == 1
+    assert main(["wheels", "torch", "--cell", "torch2.14-cu999-py312"]) == 2  # the command line is wrong
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--cell: unknown cell 'torch2.14-cu999-py312'" in err
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 class AttnkitError(Exception):
     """An error a user can fix; its message is one line that names the input and what is allowed."""
 
+    exit_code = 1  # what the command exits with: a failure (a bad file, a missing tool, a wheel that does not fit)
+
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
@@ -15,7 +17,9 @@ class AttnkitError(Exception):
 
 
 class UsageError(AttnkitError):
-    """The command line itself is wrong (a missing or malformed argument): exit status 2, like argparse."""
+    """The command line itself is wrong (a missing, malformed or unknown argument value)."""
+
+    exit_code = 2  # like argparse
 
 
 def torch_import_failure(error: str) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from attnkit._io import WriteError
 from attnkit.cli import images, index, matrix, runtime, wheels
 from attnkit.cli._args import _Parser, _validate_versions, _version
-from attnkit.errors import AttnkitError, UsageError, first_line, shown
+from attnkit.errors import AttnkitError, first_line, shown
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,10 +36,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _validate_versions(args)
         func: Callable[[argparse.Namespace], int] = args.func
         return func(args)
-    except UsageError as exc:
+    except AttnkitError as exc:  # UsageError included: each class carries its exit status
         print(f"attnkit: error: {exc}", file=sys.stderr)
-        return 2
-    except (AttnkitError, WriteError) as exc:
+        return exc.exit_code
+    except WriteError as exc:
         print(f"attnkit: error: {exc}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # `attnkit matrix | head`: the reader went away, nothing is wrong

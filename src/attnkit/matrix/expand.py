@@ -297,4 +297,4 @@ def find_cell(m: Matrix, cid: str) -> Cell:
 
     near = difflib.get_close_matches(cid, [c.id for c in cells], n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(near)}?" if near else f"; see `attnkit matrix` ({len(cells)} cells)"
-    raise AttnkitError(f"--cell: unknown cell {cid!r}{hint}")
+    raise UsageError(f"--cell: unknown cell {cid!r}{hint}")
