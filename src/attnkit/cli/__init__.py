@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 from attnkit._io import WriteError
 from attnkit.cli import images, index, matrix, runtime, wheels
-from attnkit.cli._args import _Parser, _validate_versions, _version
+from attnkit.cli._args import _Parser, _version
 from attnkit.errors import AttnkitError, first_line, shown
 
 
@@ -33,7 +33,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _term)
     try:
         args = build_parser().parse_args(argv)
-        _validate_versions(args)
         func: Callable[[argparse.Namespace], int] = args.func
         return func(args)
     except AttnkitError as exc:  # UsageError included: each class carries its exit status

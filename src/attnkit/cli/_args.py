@@ -1,11 +1,12 @@
 """What every subcommand's parser shares: the parser class whose errors are one line (exit 2), the option
-value types, and the version checks of --torch / --python / --cuda."""
+value types (the version checks of --torch / --python / --cuda among them)."""
 
 from __future__ import annotations
 
 import argparse
 import math
 import re
+from collections.abc import Callable
 from typing import NoReturn
 
 from attnkit.errors import UsageError
@@ -44,8 +45,6 @@ def _positive_int(text: str) -> int:
     return value
 
 
-
-
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -57,25 +56,15 @@ def _version() -> str:
         return __version__
 
 
+_MINOR = re.compile(r"[0-9]{1,4}\.[0-9]{1,4}\Z", re.ASCII)  # ASCII digits: '３.１２' is not a version
 
 
-def _validate_versions(a: argparse.Namespace) -> None:
-    import re
-
-    opts: tuple[str, ...]
-    if a.command in ("matrix", "ci-plan"):
-        opts, cpu_ok = ("torch", "python"), True
-    elif getattr(a, "index_command", None) == "key":
-        opts, cpu_ok = ("torch",), False  # its --python is an interpreter; wheels need CUDA
-    else:
-        return
-    minor = re.compile(r"[0-9]{1,4}\.[0-9]{1,4}\Z", re.ASCII)  # ASCII digits: '３.１２' is not a version
-    for opt in opts:
-        val = getattr(a, opt, None)
-        if val is not None and not minor.match(val):
-            raise UsageError(f"--{opt}: {val!r} is not MAJOR.MINOR (e.g. 2.11)")
-    cuda = getattr(a, "cuda", None)
-    if cuda is not None and not (cpu_ok and cuda == "cpu") and not minor.match(cuda):
-        raise UsageError(f"--cuda: {cuda!r} is not MAJOR.MINOR (e.g. 13.0){' or cpu' if cpu_ok else ''}")
+def minor_version(example: str, cpu_ok: bool = False) -> Callable[[str], str]:
+    """An option value that is a MAJOR.MINOR version (--torch, --python, --cuda; --cuda may also be "cpu")."""
+    def check(text: str) -> str:
+        if (cpu_ok and text == "cpu") or _MINOR.match(text):
+            return text
+        raise argparse.ArgumentTypeError(f"{text!r} is not MAJOR.MINOR (e.g. {example}){' or cpu' if cpu_ok else ''}")
+    return check
 
 

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from attnkit.cli._args import _Parser
+from attnkit.cli._args import _Parser, minor_version
 from attnkit.errors import AttnkitError, UsageError
 
 
@@ -112,8 +112,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ib.set_defaults(func=_cmd_index_build)
     ik = isub.add_parser("key", help="the index key of an environment (default: --python's torch)")
     ik.add_argument("--python", default=sys.executable, help="interpreter whose torch decides (default: this one)")
-    ik.add_argument("--torch", metavar="X.Y", help="instead: torch major.minor ...")
-    ik.add_argument("--cuda", metavar="X.Y", help="... and its CUDA")
+    ik.add_argument("--torch", metavar="X.Y", type=minor_version("2.11"), help="instead: torch major.minor ...")
+    ik.add_argument("--cuda", metavar="X.Y", type=minor_version("13.0"), help="... and its CUDA")
     ik.add_argument("--abi", choices=("TRUE", "FALSE"), help="C++11 ABI (default: the matrix's, for --torch)")
     ik.add_argument("--file", help="matrix file (for the default --abi)")
     ik.set_defaults(func=_cmd_index_key)

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from attnkit._io import write_atomic
-from attnkit.cli._args import FORMATS, _Parser
+from attnkit.cli._args import FORMATS, _Parser, minor_version
 from attnkit.errors import AttnkitError, UsageError
 
 
@@ -86,9 +86,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add this module's subcommands to `attnkit`'s parser."""
     mx = sub.add_parser("matrix", help="expand matrix.yaml into cells")
     mx.add_argument("--file", help="matrix file (default: $ATTNKIT_MATRIX, ./matrix.yaml, the checkout's)")
-    mx.add_argument("--torch", metavar="X.Y")
-    mx.add_argument("--cuda", metavar="X.Y|cpu")
-    mx.add_argument("--python", metavar="X.Y")
+    mx.add_argument("--torch", metavar="X.Y", type=minor_version("2.11"))
+    mx.add_argument("--cuda", metavar="X.Y|cpu", type=minor_version("13.0", cpu_ok=True))
+    mx.add_argument("--python", metavar="X.Y", type=minor_version("3.12"))
     mx.add_argument("--package", metavar="NAME")
     mx.add_argument("--shards", action="store_true", help="with --format github --package: one job per compile "
                                                           "shard of each wheel")
@@ -103,7 +103,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     cp = sub.add_parser("ci-plan", help="the jobs a push would start, per cell (dry run of the workflows)")
     cp.add_argument("--file")
-    cp.add_argument("--torch", metavar="X.Y")
+    cp.add_argument("--torch", metavar="X.Y", type=minor_version("2.11"))
     cp.add_argument("--format", choices=("table", "json"), default="table")
     cp.set_defaults(func=_cmd_ci_plan)
 
