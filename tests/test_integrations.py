@@ -101,6 +101,19 @@ def test_compiled_fullgraph_matches_eager(case, dynamic):
         torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
 
 
+def test_a_window_becomes_graph_constants_and_a_bad_one_stays_for_the_check():
+    from attnkit.runtime.graph import constant_window
+
+    assert constant_window(None) == (-1, -1) and constant_window([16, 0]) == (16, 0)
+    for bad in ((2.5, 0), (True, 0), (1, 2, 3), (1,), ("a", 0)):
+        assert constant_window(bad) == tuple(bad)  # attention()'s own validation rejects it in one line
+    q, k, v = _qkv(2, 16, 16, 4, 2, 32)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="window"):
+        torch.compile(lambda q, k, v: attention(q, k, v, causal=True, window=(2.5, 0)), fullgraph=True,
+                      backend="aot_eager")(q, k, v)
+
+
 def test_inductor_compiles_the_kernel_into_one_graph_for_every_length():
     """Sequence length marked dynamic: one graph for three lengths, forward and backward, with torch's SDPA
     kernel op itself in the forward and backward graphs (not a Python fallback)."""

@@ -8,6 +8,7 @@
 #   wait [S]  every later call (no carry): up to S seconds (default 540) for the job to end, then its results
 #             packed into $OUT/results.tar.gz (one file: $OUT brings back 8 at most) and its log printed.
 #             REFRESH=1 first copies this call's src/ to /root/src: phases not yet started run the fixed code
+#             (only between phases: a running one imports lazily and could see half of the copy)
 #   job       the phases, each writing under /root/results (a phase's failure is logged, the next one runs):
 #             smoke (beside the oracle); oracle: flash-attn's grid in 16 shards side by side, the own pick over
 #             the whole grid (ORACLE_OWN s), then every backend forced (ORACLE_FORCED s), merged; tune: the plan's JIT kernels compiled
@@ -44,7 +45,7 @@ job() {
   wait
   $ak oracle --merge "$R"/oracle/own-*.json "$R"/oracle/shard-*.json --out "$R/oracle.json" > "$R/oracle-merge.log" 2>&1
   phase "oracle merged rc=$? ($(ls "$R"/oracle/shard-*.json 2>/dev/null | wc -l) shards)"
-  rm -f "$R"/oracle/shard-*.json "$R"/oracle/own-*.json   # merged; their logs stay
+  [ -s "$R/oracle.json" ] && rm -f "$R"/oracle/shard-*.json "$R"/oracle/own-*.json   # merged; their logs stay
   phase "tune compile"
   mkdir -p "$R/tune"
   for i in $(seq 1 "$SHARDS"); do
@@ -85,8 +86,8 @@ case $step in
     python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name())" ;;
   start)
     OUT=$OUT bash tools/h200-runtime.sh install || exit 1
+    rm -rf /root/src "$R" && mkdir -p "$R" && cp -r src /root/src   # a warm machine's earlier run: not this one's
     cp "$OUT/nvidia-smi.txt" "$R/" 2>/dev/null
-    rm -rf /root/src && cp -r src /root/src
     setsid nohup bash "$0" job > "$R/job.log" 2>&1 < /dev/null &
     sleep 2; bash "$0" wait "${2:-480}" ;;
   job) job ;;

@@ -63,7 +63,10 @@ def compare(s: Shape, device: str = "cuda", iters: int = 10, rounds: int = 4) ->
             if errors:
                 row.setdefault("errors", {})[ps] = errors["compiled"]
                 continue
-            ref, _ = warm({"eager": fns["eager"]}, device)
+            ref, eager_errors = warm({"eager": fns["eager"]}, device)
+            if eager_errors:
+                row.setdefault("errors", {})[ps] = f"eager: {eager_errors['eager']}"
+                continue
             row["max_abs_diff"][ps] = float((outs["compiled"].detach().float() - ref["eager"].detach().float())
                                             .abs().max())
             one = interleaved(fns, device, iters=2)

@@ -38,14 +38,27 @@ def run_traced(inp: Inputs, backend: str | None, trace: str) -> Any:
 Ratio = tuple[int, int]
 
 
-def constant_window(window: tuple[int, int] | None) -> tuple[int, int]:
+def constant_window(window: Any) -> Any:
     """The window as constants of the graph ((-1, -1) = none). Under dynamic=True dynamo makes ints it finds in a
     closure symbolic (SymInt), and a window chooses the kernel and the mask; nonstrict_trace then rejects the
     call ("Unsupported output type", found on the CPU for a window captured by the compiled function).
-    `float(x).as_integer_ratio()` specialises a SymInt to its value (a guard), as for the float arguments."""
+    `float(x).as_integer_ratio()` specialises a SymInt to its value (a guard), as for the float arguments.
+    Anything but two whole numbers is passed on as it is, for the call's own check to reject in one line."""
     if window is None:
         return (-1, -1)
-    return (int(float(window[0]).as_integer_ratio()[0]), int(float(window[1]).as_integer_ratio()[0]))
+    w = tuple(window)
+    if len(w) != 2 or any(isinstance(x, bool) for x in w):
+        return w
+    out = []
+    for x in w:
+        try:
+            num, den = float(x).as_integer_ratio()
+        except (TypeError, ValueError, OverflowError):
+            return w
+        if den != 1:
+            return w
+        out.append(int(num))
+    return (out[0], out[1])
 
 
 def compiled(q: Any, k: Any, v: Any, causal: bool, scale_ratio: Ratio, dropout_ratio: Ratio, window: tuple[int, int],

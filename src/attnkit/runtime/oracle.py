@@ -293,8 +293,9 @@ def merge(paths: list[str], out: str | None, quiet: bool = False) -> int:
         for c in d["cases"]:  # a later report's result for a backend replacing an earlier one
             by_tag.setdefault(c["case"], {"case": c["case"], "results": {}})["results"].update(c["results"])
     cases = list(by_tag.values())
+    latest = {(tuple(d.get("backends") or ("?",)), str(d.get("shard"))): d for d in docs}  # a re-run shard: its last
     passes: dict[tuple[str, ...], dict[str, Any]] = {}  # reports of one backend list: the shards of one pass
-    for d in docs:
+    for d in latest.values():
         key = tuple(d.get("backends") or ("?",))
         p = passes.setdefault(key, {"backends": list(key), "grid_cases": 0, "cases": 0, "skipped_budget": 0})
         p["grid_cases"] += d.get("grid_cases", len(d["cases"]))
@@ -306,6 +307,7 @@ def merge(paths: list[str], out: str | None, quiet: bool = False) -> int:
                        "cases": len(d["cases"]), "skipped_budget": d.get("skipped_budget"),
                        "own_pick_only": d.get("own_pick_only", 0)} for d in docs],
            "passes": list(passes.values()), "grid_cases": grid_cases,
+           "unavailable": {n: why for d in docs for n, why in (d.get("unavailable") or {}).items()},
            "own_pick_only": sum(d.get("own_pick_only", 0) for d in docs),
            "seconds": max(d.get("seconds", 0) for d in docs),
            "skipped_budget": max(0, grid_cases - len(cases)),  # cases no pass reached

@@ -93,10 +93,10 @@ class Decision:
     source: str  # "table" | "row" | "default"
     label: str  # the table's cell and point, or the row's label
     order: tuple[str, ...] = ()
-    far: bool = False  # table only: the nearest point is more than FAR_LOG2 away in log2(work)
+    far: bool = False  # table only: the nearest point is too far to decide (FAR_LOG2 in work, FAR_HEAD_DIM_LOG2)
 
     def describe(self) -> str:
-        return f"{self.source}: {self.label}" + (" (far from every measured point)" if self.far else "")
+        return f"{self.source}: {self.label}" + (" (too far from the call to decide)" if self.far else "")
 
 
 class TableError(ValueError):

@@ -52,9 +52,9 @@ def grad_like_output(out: Any) -> Any:
 
 
 def cudnn_backward_possible(call: AttentionCall, sdp_name: str | None) -> bool:
-    """Can this call's backward run cuDNN's kernel (forced, or as torch's own pick, eager or in a graph)?
-    softcap runs eager math."""
-    return (call.requires_grad and call.device == "cuda" and not call.softcap
+    """Can this call's backward run cuDNN's kernel (forced, or as torch's own pick, eager or in a torch.compile
+    graph)? softcap runs eager math; a torch.jit.trace graph keeps its kernels as traced."""
+    return (call.requires_grad and call.device == "cuda" and not call.softcap and call.trace in ("", "compile")
             and sdp_name in (None, "CUDNN_ATTENTION"))
 
 
@@ -140,7 +140,8 @@ class SdpaBackend(Backend):
         # its output gradient must arrive laid out like its output (grad_like_output; in a graph, _sdpa_graph.LikeOutput)
         guard = cudnn_backward_possible(call, self.sdp_name)
         like: Any = None
-        if guard and call.trace:  # a tensor hook is not recorded by a graph: the same relayout as an op
+        if guard and call.trace == "compile":  # a graph records no tensor hook: the same relayout as an op
+            # (not under torch.jit.trace: TorchScript would keep a Python op it cannot save)
             from attnkit.runtime.backends._sdpa_graph import LikeOutput
 
             like = LikeOutput

@@ -14,8 +14,8 @@ is why selection (measured tables, else runtime/priority.py) and not these limit
 
 The first call of a signature compiles (2-6 s on the H200): `attnkit warmup` pays it outside a timed step, and
 inductor's own disk cache keeps the kernels across processes. The compiled function is torch's documented
-`torch.compile(flex_attention)`, made once per process: dynamo's automatic dynamic shapes turn a second sequence
-length into one dynamic graph rather than a compile per length (checked with torch.compile on the CPU: new
+`torch.compile(flex_attention)`, made once per call signature (`_compiled`): dynamo's automatic dynamic shapes
+turn a second sequence length into one dynamic graph rather than a compile per length (checked with torch.compile on the CPU: new
 score_mod closures of one signature add no compile; a second length adds one, then none). The block mask (which
 key blocks a query block visits) depends on the lengths only: it is built by the bound call's first run, once per
 signature (per cu_seqlens for varlen), so that a failure there falls back as a kernel's would.
