@@ -175,6 +175,25 @@ def test_flex_compiles_one_entry_point_per_signature():
     assert torch.allclose(a(q, k, v, None, {"score_mod": alibi}), want, atol=1e-5)
 
 
+def test_flex_new_key_lengths_do_not_multiply_graphs():
+    """A new key length must not be a new graph: the mods close over the causal offset (Sk - Sq) and the window,
+    and had dynamo specialised on them, every length would compile again until, past the recompile limit, flex
+    ran uncompiled. Automatic dynamic shapes keep it at two graphs (the first length static, then dynamic)."""
+    from torch._dynamo.utils import counters
+
+    from attnkit.runtime.call import Inputs
+
+    entry = flex_mod._compiled(("test-offsets",))
+    counters.clear()
+    q = torch.randn(1, 20, 2, 16)
+    for sk in range(40, 52):
+        k = v = torch.randn(1, sk, 2, 16)
+        call, p = Inputs(q, k, v, causal=True, window=(8, 0), alibi_slopes=torch.rand(2)).prepare()
+        _, score_mod, _, _ = flex_mod.mask_and_score(call, p, q.device)
+        entry(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, {"score_mod": score_mod})
+    assert counters["stats"]["unique_graphs"] <= 2
+
+
 def test_flex_limits_as_data(monkeypatch):
     monkeypatch.setenv("ATTNKIT_EXPERIMENTAL_FLEX_FLASH", "1")
     flex, flash = REGISTRY["flex"], REGISTRY["flex_flash"]
