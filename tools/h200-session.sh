@@ -4,18 +4,20 @@
 #   prep      call 1 (carry .fa4a .oracle .whlA): FlashAttention-4's first half and flash-attn's tests file to
 #             /root, pydantic installed
 #   start     call 2 (carry .fa4b .whl): FlashAttention-4 installed (tools/h200-runtime.sh install), the tree's
-#             src/ copied to /root/src, then `job` started under setsid; then as `wait`
+#             src/ copied to $S/src, then `job` started under setsid; then as `wait`
 #   wait [S]  every later call (no carry): up to S seconds (default 540) for the job to end, then its results
 #             packed into $OUT/results.tar.gz (one file: $OUT brings back 8 at most) and its log printed.
-#             REFRESH=1 first copies this call's src/ to /root/src: phases not yet started run the fixed code
+#             REFRESH=1 first copies this call's src/ to $S/src: phases not yet started run the fixed code
 #             (only between phases: a running one imports lazily and could see half of the copy)
-#   job       the phases, each writing under /root/results (a phase's failure is logged, the next one runs):
+#   job       the phases, each writing under $S/results (a phase's failure is logged, the next one runs):
 #             smoke (beside the oracle); oracle: flash-attn's grid in 16 shards side by side, the own pick over
 #             the whole grid (ORACLE_OWN s), then every backend forced (ORACLE_FORCED s), merged; tune: the plan's JIT kernels compiled
 #             by 16 CPU shards (TUNE_COMPILE s), the timed sweep alone on the GPU (TUNE_BUDGET s), merged into
 #             sm90.json + PNG; --validate against that table; bench --compiled (COMPILED_S s)
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; R=/root/results; mkdir -p "$OUT" "$R"
+# everything this script writes and removes is under $S (its own folder), or /root/fa4 when that is a bundle half
+S=${ATTNKIT_SESSION_DIR:-/root/attnkit-session}
+OUT=${OUT:-/tmp/out}; R=$S/results; mkdir -p "$OUT" "$R"
 ORACLE_OWN=${ORACLE_OWN:-360}; ORACLE_FORCED=${ORACLE_FORCED:-300}; TUNE_COMPILE=${TUNE_COMPILE:-200}
 TUNE_BUDGET=${TUNE_BUDGET:-300}; COMPILED_S=${COMPILED_S:-240}; SHARDS=${SHARDS:-16}
 step=${1:-wait}
@@ -23,7 +25,7 @@ step=${1:-wait}
 phase() { echo "$(date +%T) $*" | tee -a "$R/phases.log"; }
 
 job() {
-  export PYTHONPATH=/root/src PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore ATTNKIT_CACHE_DIR=/root/ak-cache \
+  export PYTHONPATH=$S/src PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore ATTNKIT_CACHE_DIR=$S/ak-cache \
     ATTNKIT_MACHINE_LABEL=h200
   local ak="python3 -m attnkit.cli" i
   phase "smoke + oracle (own pick)"
@@ -32,14 +34,14 @@ job() {
   # 2026-12-01: 16 shards with every backend forced ran 461 cases in 300 s, the own pick alone ~20 cases/s:
   # the own pick over the whole grid first, then the forced backends for what is left of the budget
   for i in $(seq 1 "$SHARDS"); do
-    TORCHINDUCTOR_COMPILE_THREADS=1 $ak oracle --tests /root/ref/test_flash_attn.py --shard "$i/$SHARDS" \
+    TORCHINDUCTOR_COMPILE_THREADS=1 $ak oracle --tests "$S/ref/test_flash_attn.py" --shard "$i/$SHARDS" \
       --backend attnkit --budget "$ORACLE_OWN" --out "$R/oracle/own-$i.json" > "$R/oracle/own-$i.log" 2>&1 < /dev/null &
   done
   wait
   phase "oracle (forced backends)"
   forced=$(python3 -c "from attnkit.runtime.backends import REGISTRY; print(' '.join('--backend ' + n for n in REGISTRY))")
   for i in $(seq 1 "$SHARDS"); do
-    TORCHINDUCTOR_COMPILE_THREADS=1 $ak oracle --tests /root/ref/test_flash_attn.py --shard "$i/$SHARDS" \
+    TORCHINDUCTOR_COMPILE_THREADS=1 $ak oracle --tests "$S/ref/test_flash_attn.py" --shard "$i/$SHARDS" \
       $forced --budget "$ORACLE_FORCED" --out "$R/oracle/shard-$i.json" > "$R/oracle/shard-$i.log" 2>&1 < /dev/null &
   done
   wait
@@ -72,7 +74,7 @@ job() {
 }
 
 pack() {
-  tar czf "$OUT/results.tar.gz" -C /root results 2>/dev/null
+  tar czf "$OUT/results.tar.gz" -C "$S" results 2>/dev/null
   tail -n 20 "$R/phases.log" 2>/dev/null
   grep -E "^smoke:|FAILED" "$R/smoke.log" 2>/dev/null | head -20
   tail -n 2 "$R/tune/tune.log" 2>/dev/null | cut -c1-300
@@ -80,19 +82,20 @@ pack() {
 
 case $step in
   prep)
-    rm -rf /root/fa4 /root/ref && cp -r .fa4a /root/fa4 && mkdir -p /root/ref && cp .oracle/test_flash_attn.py /root/ref/ || exit 1
+    if [ -e /root/fa4 ] && [ ! -f /root/fa4/libs.sha256 ]; then echo "/root/fa4 is not a fa4-bundle half: left alone"; exit 1; fi
+    rm -rf /root/fa4 "$S/ref" && cp -r .fa4a /root/fa4 && mkdir -p "$S/ref" && cp .oracle/test_flash_attn.py "$S/ref/" || exit 1
     python3 -m pip install -q --no-index --no-deps --no-compile .whlA/*.whl || exit 1
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
     python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name())" ;;
   start)
     OUT=$OUT bash tools/h200-runtime.sh install || exit 1
-    rm -rf /root/src "$R" && mkdir -p "$R" && cp -r src /root/src   # a warm machine's earlier run: not this one's
+    rm -rf "$S/src" "$R" && mkdir -p "$R" && cp -r src "$S/src"   # a warm machine's earlier run: not this one's
     cp "$OUT/nvidia-smi.txt" "$R/" 2>/dev/null
     setsid nohup bash "$0" job > "$R/job.log" 2>&1 < /dev/null &
     sleep 2; bash "$0" wait "${2:-480}" ;;
   job) job ;;
   wait)
-    if [ "${REFRESH:-0}" = 1 ]; then rm -rf /root/src.new && cp -r src /root/src.new && rm -rf /root/src && mv /root/src.new /root/src && echo "src refreshed"; fi
+    if [ "${REFRESH:-0}" = 1 ]; then rm -rf "$S/src.new" && cp -r src "$S/src.new" && rm -rf "$S/src" && mv "$S/src.new" "$S/src" && echo "src refreshed"; fi
     deadline=$(( $(date +%s) + ${2:-540} ))
     while ! grep -q DONE "$R/phases.log" 2>/dev/null && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
     pack ;;

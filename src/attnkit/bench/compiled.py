@@ -83,14 +83,12 @@ def compare(s: Shape, device: str = "cuda", iters: int = 10, rounds: int = 4) ->
 
 def run_compiled(out: str, only: list[str] | None = None, budget_s: float = 1200.0, say: Any = print) -> int:
     """Every chosen shape (see the module docstring) within `budget_s`; 1 if one is below 0.97 or failed."""
-    import torch
-
-    from attnkit.bench.run import environment
+    from attnkit.bench.run import environment, measuring_device
     from attnkit.runtime.backends.flex import allow_many_signatures
     from attnkit.runtime.probe import probe
     from attnkit.runtime.select import select
 
-    if not torch.cuda.is_available():
+    if measuring_device("bench --compiled") != "cuda":
         raise UsageError("--compiled: needs a CUDA GPU (it compares compiled against eager kernels)")
     allow_many_signatures()
     shapes = named(suite(False), only)

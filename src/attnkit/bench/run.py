@@ -172,6 +172,17 @@ def dispatch_overhead(device: str, n: int = 2000) -> dict[str, Any]:
 # -- the run ------------------------------------------------------------------------------------------------------
 
 
+def measuring_device(what: str) -> str:
+    """"cuda" when this machine's torch sees a GPU, else "cpu"; one line when torch is missing."""
+    from attnkit.errors import UsageError
+    from attnkit.runtime.probe import probe
+
+    p = probe()
+    if p.torch is None:
+        raise UsageError(f"{what}: torch is not installed; run it in the environment whose kernels it should measure")
+    return "cuda" if p.has_gpu and p.torch.cuda_available else "cpu"
+
+
 def environment() -> dict[str, Any]:
     from attnkit.runtime.probe import probe
 

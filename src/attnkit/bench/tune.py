@@ -30,7 +30,7 @@ from typing import Any
 
 from attnkit._io import write_atomic
 from attnkit.bench.candidates import AUTO, PLAIN
-from attnkit.bench.run import bench_shape, environment
+from attnkit.bench.run import bench_shape, environment, measuring_device
 from attnkit.bench.shapes import Shape
 from attnkit.errors import UsageError
 from attnkit.runtime.table import SCHEMA
@@ -222,21 +222,11 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _device(what: str) -> str:
-    """"cuda" when this machine's torch sees a GPU, else "cpu"; one line when torch is missing."""
-    from attnkit.runtime.probe import probe
-
-    p = probe()
-    if p.torch is None:
-        raise UsageError(f"{what}: torch is not installed; run it in the environment whose kernels it should measure")
-    return "cuda" if p.has_gpu and p.torch.cuda_available else "cpu"
-
-
 def run(out: Path, shard: tuple[int, int] = (1, 1), budget_s: float = 1500.0, quick: bool = False,
         refine_from: list[Path] | None = None, max_cases: int | None = None, say: Any = print) -> dict[str, Any]:
     """Measure this shard's cases not yet in `out` (JSON lines: a header line, then one line per case)."""
     from attnkit.bench.timer import warm_gpu
-    device = _device("tune")
+    device = measuring_device("tune")
     grid = QUICK if (quick or device == "cpu") else FEATURES
     if refine_from:
         prior = [r for f in refine_from for r in _read_lines(f) if "shape" in r]
@@ -284,7 +274,7 @@ def compile_only(shard: tuple[int, int] = (1, 1), quick: bool = False, max_cases
     from attnkit.bench.timer import warm
     from attnkit.runtime.backends.flex import allow_many_signatures
     allow_many_signatures()
-    device = _device("tune --compile-only")
+    device = measuring_device("tune --compile-only")
     grid = QUICK if (quick or device == "cpu") else FEATURES
     i, n = shard
     cases = plan(grid)[i - 1::n][:max_cases]
@@ -379,7 +369,7 @@ def validation_shapes(quick: bool) -> list[Shape]:
 
 
 def validate(out: Path | None, quick: bool = False, say: Any = print) -> dict[str, Any]:
-    device = _device("tune --validate")
+    device = measuring_device("tune --validate")
     quick = quick or device == "cpu"
     rows = []
     for s in validation_shapes(quick):
