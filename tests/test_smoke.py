@@ -58,6 +58,39 @@ def test_smoke_catches_a_wrong_backend_and_a_crashing_one(monkeypatch):
     assert smoke.run_smoke(backends=["sdpa_math"], cases=["mha"], quiet=True) == 1
 
 
+def test_a_pick_that_falls_back_fails_its_row_even_when_the_answer_is_right(monkeypatch):
+    """attention() retries a backend that raises on the next candidate, so the answer is right; the smoke and the
+    oracle judge the pick, and a pick that raised on this machine is a failure they must show."""
+    from attnkit.runtime import oracle
+    from attnkit.runtime.call import Inputs
+    from attnkit.runtime.select import SELECTOR, select
+
+    picked = select(smoke.inputs(smoke.CASES["mha"], "float32", "cpu").describe()).name
+    real = REGISTRY[picked]
+
+    class RaisesAtRunTime(type(real)):
+        def bind(self, call, p, q, k, v):
+            def run(q, k, v):
+                raise RuntimeError("CUDA error: no kernel image is available for execution on the device")
+            return run
+
+    SELECTOR.reset()
+    monkeypatch.setitem(REGISTRY, picked, RaisesAtRunTime())
+    try:
+        r = smoke.check(smoke.AUTO, "mha", "float32", "cpu")
+        assert r["outcome"] == "failed" and r["selected"] == picked, r
+        assert r["error"] == (f"the pick fell back ({picked}: RuntimeError: CUDA error: no kernel image is available "
+                              "for execution on the device)")
+        with SELECTOR.fallbacks() as fell:
+            pass
+        c, _ = Inputs(*(torch.randn(1, 8, 2, 16) for _ in range(3))).prepare()
+        SELECTOR.demote(picked, c, ValueError("x"))  # outside the block: not recorded
+        assert fell == []
+        assert oracle.AUTO == smoke.AUTO  # the oracle reads the same record (runtime/oracle.py run_case)
+    finally:
+        SELECTOR.reset()
+
+
 def test_smoke_arguments_are_checked(capsys):
     assert main(["smoke", "--backend", "nope"]) == 2
     err = capsys.readouterr().err.strip()

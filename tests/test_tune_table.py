@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import subprocess
@@ -358,6 +359,27 @@ def test_refine_adds_midpoints_where_the_winner_changes():
     assert len(mids) == 1 and "|w31|" in mids[0].label
 
 
+def test_compile_only_leaves_a_case_it_cannot_hold_to_the_timed_run(monkeypatch):
+    """16 compile shards share one GPU: a case whose tensors do not fit beside the others (CUDA OOM on the H200,
+    docs/results/2026-12-01-h200-tune-compile-session3.log) is said and left, and the shard goes on."""
+    from attnkit.bench import candidates
+
+    real, made = candidates.Case, []
+
+    def case(s, device):
+        made.append(s.label)
+        if len(made) == 1:
+            raise MemoryError("CUDA out of memory. Tried to allocate 64.12 GiB.")
+        return real(s, device)
+
+    monkeypatch.setattr(candidates, "Case", case)
+    said: list[str] = []
+    r = tune.compile_only(quick=True, max_cases=2, say=said.append)
+    assert r == {"cases": 2, "candidate_errors": 0, "left_for_timed_run": 1}
+    assert said[0] == f"left for the timed run {made[0]}: MemoryError: CUDA out of memory. Tried to allocate 64.12 GiB."
+    assert said[1] == f"compiled {made[1]}"
+
+
 def test_scores_rank_by_the_worse_mode_and_drop_wrong_backends():
     r = {"ms": {"attnkit:a": {"fwd": {"sync": 1.0, "b2b": 3.0}}, "attnkit:b": {"fwd": {"sync": 1.5, "b2b": 1.5}},
                 "attnkit:c": {"fwd": {"sync": 0.1, "b2b": 0.1}}, "sdpa_plain": {"fwd": {"sync": 0.1, "b2b": 0.1}}},
@@ -372,7 +394,8 @@ def test_tune_on_this_cpu_shards_resumes_merges_and_selection_reads_the_table(tm
     s1, s2 = tmp_path / "s1.jsonl", tmp_path / "s2.jsonl"
     run = lambda *a: subprocess.run([*cli, *a], capture_output=True, text=True, timeout=600)  # noqa: E731
     r = run("--compile-only", "--shard", "1/2", "--max-cases", "1")  # untimed: JIT caches only
-    assert r.returncode == 0 and json.loads(r.stdout.splitlines()[-1]) == {"cases": 1, "candidate_errors": 0}
+    assert r.returncode == 0 and json.loads(r.stdout.splitlines()[-1]) == {"cases": 1, "candidate_errors": 0,
+                                                                   "left_for_timed_run": 0}
     r = run("--out", str(s1), "--shard", "1/2", "--max-cases", "1")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.splitlines()[-1])["ran"] == 1
@@ -427,3 +450,62 @@ def test_merge_refuses_missing_and_foreign_files(tmp_path):
                         "--table", str(tmp_path / "t.json")], capture_output=True, text=True)
     assert r.returncode != 0 and "does not exist" in r.stderr
     assert not (tmp_path / "t.json").exists()
+
+
+@pytest.mark.parametrize(("heads", "kv", "sq", "forced"), [
+    (4, 2, 96, True),     # the H200 smoke's causal_sq_gt_sk: BLOCK_M 256 > the mask's 128-row blocks
+    (32, 8, 33, True),    # a Llama 32/8 group from 33 queries on
+    (32, 8, 32, False),   # 32 * 4 = 128: the decoding kernel runs
+    (4, 2, 62, False),    # the smoke's varlen_keyless (62 packed queries): passed on the H200
+    (4, 4, 100, False),   # MHA: the block is Q_LEN itself, always <= 128
+    (4, 2, 128, False),   # 128 queries: the main kernel anyway
+])
+def test_flex_keeps_short_gqa_queries_off_the_decoding_kernel(heads, kv, sq, forced):
+    c = call(device="cuda", heads=heads, kv_heads=kv, seqlen_q=sq)
+    assert flex_mod.decode_options(c, sq) == ({"FORCE_USE_FLEX_ATTENTION": True} if forced else {})
+
+
+def test_flex_passes_the_decode_option_and_flash_keeps_only_its_backend(monkeypatch):
+    """What bind() hands to flex_attention, for a short GQA query on the CPU's flex path (the option's effect is
+    inductor's CUDA lowering; the CPU path accepts and ignores it: the answer stays the reference's)."""
+    from attnkit.runtime.call import Inputs
+
+    seen: list[dict] = []
+    real, create = flex_mod._flex()
+
+    def spy(*a, **kw):
+        seen.append(kw.get("kernel_options"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(flex_mod, "_flex", lambda: (spy, create))
+    q, k, v = torch.randn(1, 96, 4, 16), torch.randn(1, 40, 2, 16), torch.randn(1, 40, 2, 16)
+    inp = Inputs(q, k, v, causal=True)
+    c, p = inp.prepare()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        out = REGISTRY["flex"].bind(c, p, q, k, v)(q, k, v)
+        assert seen == [{"FORCE_USE_FLEX_ATTENTION": True}]
+        torch.testing.assert_close(out.double(), reference_attention(q, k, v, causal=True), rtol=1e-4, atol=1e-4)
+        # no mask: torch's own empty mask has blocks that any BLOCK_M divides, the decoding kernel may run
+        c0, p0 = Inputs(q, k, v).prepare()
+        REGISTRY["flex"].bind(c0, p0, q, k, v)(q, k, v)
+        assert seen[-1] is None
+        # packed varlen: Q_LEN is the packed total (96 queries here), the sequence lengths do not count
+        cu = torch.tensor([0, 40, 96], dtype=torch.int32)
+        cv, pv = Inputs(q[0], k[0].repeat(3, 1, 1)[:96], v[0].repeat(3, 1, 1)[:96], causal=True, cu_seqlens_q=cu,
+                        cu_seqlens_k=cu, max_seqlen_q=56, max_seqlen_k=56).prepare()
+        REGISTRY["flex"].bind(cv, pv, q[0], k[0].repeat(3, 1, 1)[:96], v[0].repeat(3, 1, 1)[:96])(
+            q[0], k[0].repeat(3, 1, 1)[:96], v[0].repeat(3, 1, 1)[:96])
+        assert seen[-1] == {"FORCE_USE_FLEX_ATTENTION": True}
+        # torch refuses FORCE_USE_FLEX_ATTENTION beside a BACKEND: flex_flash passes its BACKEND alone
+        monkeypatch.setenv("ATTNKIT_EXPERIMENTAL_FLEX_FLASH", "1")
+        with contextlib.suppress(Exception):  # FLASH has no CPU path: what it was handed is the point
+            REGISTRY["flex_flash"].bind(c, p, q, k, v)(q, k, v)
+    assert seen[-1] == {"BACKEND": "FLASH"}
+
+
+def test_flex_backward_is_not_offered_to_a_graph():
+    c = call(device="cuda", trace="compile", softcap=2.0, requires_grad=True)
+    assert flex_mod.GRAPH_GRAD in REGISTRY["flex"].extra_reasons(c, (9, 0))
+    assert REGISTRY["flex"].extra_reasons(replace(c, requires_grad=False), (9, 0)) == []
+    assert REGISTRY["flex"].extra_reasons(replace(c, trace=None), (9, 0)) == []

@@ -547,3 +547,48 @@ def test_source_patches_are_part_of_the_source_digest_and_a_local_tree_keeps_its
     assert (src / "kernel.cu").read_text() == "// FLAG_B changed\n"
     assert source_digest(spec) != source_digest(dataclasses.replace(spec, recipe=recipe.model_copy(
         update={"patches": []})))
+
+
+def test_a_build_request_is_one_frozen_record_with_one_mode(matrix, tmp_path):
+    import dataclasses
+    from pathlib import Path
+
+    from attnkit.matrix.expand import find_cell
+    from attnkit.wheels.compile import BuildRequest
+    from attnkit.wheels.recipe import resolve as resolve_spec
+
+    recipe, path = load_recipe("flash-attn")
+    spec = resolve_spec(matrix, find_cell(matrix, "torch2.11-cu130-py312"), recipe, path)
+    req = BuildRequest(spec, tmp_path)
+    assert req.mode is None and req.python == sys.executable and req.costs == ()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        req.jobs = 4  # type: ignore[misc]
+    assert BuildRequest(spec, Path("."), plan_only=True).mode == "plan"
+    assert BuildRequest(spec, tmp_path, shard=(2, 3), objects=tmp_path).mode == "compile"
+    assert BuildRequest(spec, tmp_path, link_only=True, objects=tmp_path).mode == "link"
+    with pytest.raises(AttnkitError, match=r"^--shard and --link-only: a job either plans, compiles a shard or links"):
+        BuildRequest(spec, tmp_path, shard=(1, 2), link_only=True)
+
+
+def test_the_cli_carries_every_build_option_into_the_request(monkeypatch, tmp_path):
+    from pathlib import Path
+
+    from attnkit.wheels import compile as comp
+
+    got = []
+
+    def fake_build(req):
+        got.append(req)
+        raise AttnkitError("stop here")
+
+    monkeypatch.setattr(comp, "build_wheel", fake_build)
+    rc = main(["wheels", "build", "--cell", "torch2.11-cu130-py312", "--package", "flash-attn", "--out", str(tmp_path),
+               "--python", sys.executable, "--jobs", "3", "--no-verify", "--shard", "2/4", "--objects", "store",
+               "--costs", "a.json", "--costs", "b.json", "--also-python", "python3.13", "--build-dir", "bd",
+               "--toolkit", "pypi"])
+    assert rc == 1 and len(got) == 1
+    r = got[0]
+    assert (r.out, r.python, r.jobs, r.verify, r.shard, r.objects, r.costs, r.also, r.build_dir, r.toolkit) == (
+        tmp_path, sys.executable, 3, False, (2, 4), Path("store"), (Path("a.json"), Path("b.json")), ("python3.13",),
+        Path("bd"), "pypi")
+    assert r.mode == "compile" and r.spec.package == "flash-attn" and r.spec.cell.id == "torch2.11-cu130-py312"

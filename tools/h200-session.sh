@@ -4,7 +4,8 @@
 #   prep      call 1 (carry .fa4a .oracle .whlA): FlashAttention-4's first half and flash-attn's tests file to
 #             /root, pydantic installed
 #   start     call 2 (carry .fa4b .whl): FlashAttention-4 installed (tools/h200-runtime.sh install), the tree's
-#             src/ copied to $S/src, then `job` started under setsid; then as `wait`
+#             src/ copied to $S/src, then `job` started under setsid; then as `wait`. TUNE_FROM=FILE resumes
+#             an earlier session's sweep (docs/results/*-h200-tune-*.jsonl)
 #   wait [S]  every later call (no carry): up to S seconds (default 540) for the job to end, then its results
 #             packed into $OUT/results.tar.gz (one file: $OUT brings back 8 at most) and its log printed.
 #             REFRESH=1 first copies this call's src/ to $S/src: phases not yet started run the fixed code
@@ -33,28 +34,36 @@ job() {
   (ATTNKIT_REPORT_DIR=$R $ak smoke --report "$R/smoke.json" > "$R/smoke.log" 2>&1; echo "smoke rc=$?" >> "$R/phases.log") &
   # 2026-12-01: 16 shards with every backend forced ran 461 cases in 300 s, the own pick alone ~20 cases/s:
   # the own pick over the whole grid first, then the forced backends for what is left of the budget
+  local pids=()
   for i in $(seq 1 "$SHARDS"); do
     TORCHINDUCTOR_COMPILE_THREADS=1 $ak oracle --tests "$S/ref/test_flash_attn.py" --shard "$i/$SHARDS" \
       --backend attnkit --budget "$ORACLE_OWN" --out "$R/oracle/own-$i.json" > "$R/oracle/own-$i.log" 2>&1 < /dev/null &
+    pids+=($!)
   done
-  wait
+  wait "${pids[@]}"   # the oracle shards only: the smoke (15 min on the H200 on 2026-12-01) goes on beside the forced
+  # backends, up to the tune phases
   phase "oracle (forced backends)"
   forced=$(python3 -c "from attnkit.runtime.backends import REGISTRY; print(' '.join('--backend ' + n for n in REGISTRY))")
+  pids=()
   for i in $(seq 1 "$SHARDS"); do
     TORCHINDUCTOR_COMPILE_THREADS=1 $ak oracle --tests "$S/ref/test_flash_attn.py" --shard "$i/$SHARDS" \
       $forced --budget "$ORACLE_FORCED" --out "$R/oracle/shard-$i.json" > "$R/oracle/shard-$i.log" 2>&1 < /dev/null &
+    pids+=($!)
   done
-  wait
+  wait "${pids[@]}"
   $ak oracle --merge "$R"/oracle/own-*.json "$R"/oracle/shard-*.json --out "$R/oracle.json" > "$R/oracle-merge.log" 2>&1
   phase "oracle merged rc=$? ($(ls "$R"/oracle/shard-*.json 2>/dev/null | wc -l) shards)"
   [ -s "$R/oracle.json" ] && rm -f "$R"/oracle/shard-*.json "$R"/oracle/own-*.json   # merged; their logs stay
+  wait   # the smoke: the compile shards' tensors (up to 64 GiB a case) would make its rows fail for want of memory
   phase "tune compile"
   mkdir -p "$R/tune"
+  pids=()
   for i in $(seq 1 "$SHARDS"); do
     TORCHINDUCTOR_COMPILE_THREADS=1 timeout "$TUNE_COMPILE" $ak tune --compile-only --shard "$i/$SHARDS" \
-      > "$R/tune/compile-$i.log" 2>&1 < /dev/null &
+      --out "$R/tune.jsonl" --resume > "$R/tune/compile-$i.log" 2>&1 < /dev/null &   # skips what TUNE_FROM has
+    pids+=($!)
   done
-  wait
+  wait "${pids[@]}"
   phase "tune timed"
   $ak tune --out "$R/tune.jsonl" --resume --budget "$TUNE_BUDGET" > "$R/tune/tune.log" 2>&1
   phase "tune rc=$? ($(grep -c '"shape"' "$R/tune.jsonl" 2>/dev/null) cases)"
@@ -91,6 +100,9 @@ case $step in
     OUT=$OUT bash tools/h200-runtime.sh install || exit 1
     rm -rf "$S/src" "$R" && mkdir -p "$R" && cp -r src "$S/src"   # a warm machine's earlier run: not this one's
     cp "$OUT/nvidia-smi.txt" "$R/" 2>/dev/null
+    # TUNE_FROM=<an earlier session's tune .jsonl in the tree>: the timed sweep resumes it (936 cases do not fit
+    # one session: 22 ran in 3.5 min on 2026-12-01)
+    if [ -n "${TUNE_FROM:-}" ]; then cp "$TUNE_FROM" "$R/tune.jsonl" || exit 1; fi
     setsid nohup bash "$0" job > "$R/job.log" 2>&1 < /dev/null &
     sleep 2; bash "$0" wait "${2:-480}" ;;
   job) job ;;

@@ -4,12 +4,11 @@ library's own function as its documentation shows, attention() forced to each ba
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 from collections.abc import Callable
 from typing import Any
 
-from attnkit.bench.shapes import Shape
+from attnkit.runtime.shape import Shape, make_inputs
 
 PLAIN = "sdpa_plain"
 AUTO = "attnkit"
@@ -26,34 +25,13 @@ class Case:
         from attnkit.runtime.call import Inputs
 
         self.s, self.device = s, device
-        dt = getattr(torch, s.dtype)
-        gen = torch.Generator(device=device).manual_seed(0)
-
-        def r(*shape: int) -> Any:
-            return torch.randn(*shape, generator=gen, device=device, dtype=dt)
-
-        kw: dict[str, Any] = {"causal": s.causal, "window": s.window}
-        self.slopes = None
-        if s.alibi:
-            self.slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / s.heads) for h in range(s.heads)], device=device)
-            kw["alibi_slopes"] = self.slopes
-        if s.softcap:
-            kw["softcap"] = s.softcap
-        if s.lengths is not None:
-            total = sum(s.lengths)
-            self.q, self.k, self.v = r(total, s.heads, s.head_dim), r(total, s.kv_heads, s.head_dim), \
-                r(total, s.kv_heads, s.head_dim)
-            self.cu = torch.tensor([0, *itertools.accumulate(s.lengths)], dtype=torch.int32, device=device)
-            kw.update(cu_seqlens_q=self.cu, cu_seqlens_k=self.cu, max_seqlen_q=max(s.lengths),
-                      max_seqlen_k=max(s.lengths))
-        else:
-            self.q = r(s.batch, s.seqlen_q, s.heads, s.head_dim)
-            self.k = r(s.batch, s.seqlen_k, s.kv_heads, s.head_dim)
-            self.v = r(s.batch, s.seqlen_k, s.kv_heads, s.head_dim)
-            self.cu = None
-        self.kw = kw
-        self.inputs = Inputs(self.q, self.k, self.v, **kw)
-        self.grad_out = torch.randn((*self.q.shape[:-1], s.head_dim), generator=gen, device=device, dtype=dt)
+        t = make_inputs(s, device)
+        self.q, self.k, self.v, self.kw = t.q, t.k, t.v, t.kw
+        self.slopes = t.kw.get("alibi_slopes")
+        self.cu = t.kw.get("cu_seqlens_q")
+        self.inputs = Inputs(self.q, self.k, self.v, **self.kw)
+        self.grad_out = torch.randn((*self.q.shape[:-1], s.head_dim), generator=t.generator, device=device,
+                                    dtype=self.q.dtype)
         self._plain: Callable[[Any, Any, Any], Any] = self._make_plain()
 
     def call(self, grad: bool) -> Any:

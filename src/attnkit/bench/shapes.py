@@ -1,32 +1,17 @@
-"""The call-spec type of the bench and the tune sweep (`Shape`), the GPU suite and the CPU quick suite."""
+"""The bench's GPU suite and the CPU quick suite, as Shapes (the one call-spec type: runtime/shape.py)."""
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from typing import Any
 
+from attnkit.runtime.shape import Shape, varlen
 
-@dataclass(frozen=True)
-class Shape:
-    label: str
-    batch: int
-    heads: int
-    kv_heads: int
-    seqlen_q: int
-    seqlen_k: int
-    head_dim: int
-    dtype: str = "bfloat16"
-    causal: bool = True
-    window: tuple[int, int] | None = None
-    lengths: tuple[int, ...] | None = None  # packed varlen self-attention: the sequences' lengths
-    train: bool = True  # forward+backward timed too
-    alibi: bool = False  # ALiBi with the usual geometric slopes (2^(-8 h / heads))
-    softcap: float = 0.0
+__all__ = ["Shape", "attn_flops", "named", "suite"]
 
 
 def _varlen(label: str, lengths: tuple[int, ...], heads: int, kv_heads: int, d: int, **kw: Any) -> Shape:
-    return Shape(label, len(lengths), heads, kv_heads, max(lengths), max(lengths), d, lengths=lengths, **kw)
+    return varlen(label, lengths, heads=heads, kv_heads=kv_heads, head_dim=d, **kw)
 
 
 def _lengths(n: int, lo: int, hi: int, seed: int) -> tuple[int, ...]:

@@ -32,7 +32,7 @@ from attnkit._io import write_atomic
 from attnkit.bench.candidates import AUTO, PLAIN
 from attnkit.bench.run import bench_shape, environment, measuring_device
 from attnkit.bench.shapes import Shape
-from attnkit.errors import UsageError
+from attnkit.errors import UsageError, first_line
 from attnkit.runtime.table import SCHEMA
 
 HEAD_DIMS = (32, 40, 64, 80, 96, 128, 192, 256)
@@ -264,35 +264,50 @@ def run(out: Path, shard: tuple[int, int] = (1, 1), budget_s: float = 1500.0, qu
 
 
 def compile_only(shard: tuple[int, int] = (1, 1), quick: bool = False, max_cases: int | None = None,
-                 say: Any = print) -> dict[str, Any]:
+                 say: Any = print, skip_done: Path | None = None) -> dict[str, Any]:
     """Run every case of this shard's plan once per backend and pass, untimed: the JIT compiles (FlashAttention-4,
     flex) land in their disk caches. JIT compiling is CPU work: shards of this run side by side on one GPU machine
-    while the timed run, which must have the GPU alone, comes after and finds every kernel compiled."""
+    while the timed run, which must have the GPU alone, comes after and finds every kernel compiled.
+    `skip_done`: the timed run's --out being resumed; its cases are not compiled again."""
     import torch
 
-    from attnkit.bench.candidates import Case
-    from attnkit.bench.timer import warm
     from attnkit.runtime.backends.flex import allow_many_signatures
     allow_many_signatures()
     device = measuring_device("tune --compile-only")
     grid = QUICK if (quick or device == "cpu") else FEATURES
     i, n = shard
-    cases = plan(grid)[i - 1::n][:max_cases]
-    failed = 0
+    done = {r["shape"]["label"] for r in _read_lines(skip_done) if "shape" in r} if skip_done else set()
+    cases = [s for s in plan(grid) if s.label not in done][i - 1::n][:max_cases]
+    failed, left = 0, 0
     for s in cases:
-        c = Case(s, device)
-        for grad in ((False, True) if s.train else (False,)):
-            runs, _ = c.candidates(grad, backends_only=True)
-            if grad:
-                runs = {name: c.step(fn, name) for name, fn in runs.items()}
-            with torch.set_grad_enabled(grad):
-                _, errors = warm(runs, device, times=1)
-            failed += len(errors)
-        say(f"compiled {s.label}")
-        del c
-        if device == "cuda":
+        try:  # one case's trouble (most often memory: 16 shards share the GPU) leaves it to the timed run
+            failed += _compile_case(s, device)
+            say(f"compiled {s.label}")
+        except Exception as exc:  # the timed run measures the case and reports its errors
+            left += 1
+            say(f"left for the timed run {s.label}: {type(exc).__name__}: {first_line(exc, 160)}")
+        if device == "cuda":  # the case's tensors (held by _compile_case's frame only) are gone: give them back
             torch.cuda.empty_cache()
-    return {"cases": len(cases), "candidate_errors": failed}
+    return {"cases": len(cases), "candidate_errors": failed, "left_for_timed_run": left}
+
+
+def _compile_case(s: Shape, device: str) -> int:
+    """One case's candidates run once (forward, and fwd+bwd for training); the number of candidate errors."""
+    import torch
+
+    from attnkit.bench.candidates import Case
+    from attnkit.bench.timer import warm
+
+    c = Case(s, device)
+    failed = 0
+    for grad in ((False, True) if s.train else (False,)):
+        runs, _ = c.candidates(grad, backends_only=True)
+        if grad:
+            runs = {name: c.step(fn, name) for name, fn in runs.items()}
+        with torch.set_grad_enabled(grad):
+            _, errors = warm(runs, device, times=1)
+        failed += len(errors)
+    return failed
 
 
 def merge(files: list[Path], arch: str | None = None) -> dict[str, Any]:

@@ -89,7 +89,9 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         print(f"{len(mine)} cases", file=sys.stderr)
         return 0
     if a.compile_only:
-        print(json.dumps(tune.compile_only(shard=a.shard or (1, 1), quick=a.quick, max_cases=a.max_cases)))
+        skip = Path(a.out) if a.out and a.resume else None  # --out --resume: the cases the timed run still has
+        print(json.dumps(tune.compile_only(shard=a.shard or (1, 1), quick=a.quick, max_cases=a.max_cases,
+                                           skip_done=skip)))
         return 0
     if not a.out:
         raise UsageError("--out: required (the JSON-lines file this shard's results are appended to)")

@@ -33,7 +33,7 @@ def _spec(a: argparse.Namespace, plan: bool = False):  # type: ignore[no-untyped
 
 
 def _cmd_wheels_build(a: argparse.Namespace) -> int:
-    from attnkit.wheels.compile import build_wheel, report_dict
+    from attnkit.wheels.compile import BuildRequest, build_wheel, report_dict
     from attnkit.wheels.shards import parse_shard
 
     shard = parse_shard(a.shard) if a.shard else None
@@ -41,11 +41,11 @@ def _cmd_wheels_build(a: argparse.Namespace) -> int:
         raise UsageError("--shard and --link-only: a job either compiles a shard or links them all")
     if (shard or a.link_only) and not a.objects:
         raise UsageError("--objects: required with --shard and --link-only (the store the jobs share)")
-    spec = _spec(a)
-    rep = build_wheel(spec, Path(a.out), python=a.python, build_dir=Path(a.build_dir) if a.build_dir else None,
-                      toolkit=a.toolkit, jobs=a.jobs, verify=not a.no_verify, shard=shard, link_only=a.link_only,
-                      also=tuple(a.also_python),
-                      objects=Path(a.objects) if a.objects else None, costs=[Path(c) for c in a.costs] if a.costs else None)
+    rep = build_wheel(BuildRequest(_spec(a), Path(a.out), python=a.python, toolkit=a.toolkit, jobs=a.jobs,
+                                   build_dir=Path(a.build_dir) if a.build_dir else None, verify=not a.no_verify,
+                                   shard=shard, link_only=a.link_only, also=tuple(a.also_python),
+                                   objects=Path(a.objects) if a.objects else None,
+                                   costs=tuple(Path(c) for c in a.costs or ())))
     doc = json.dumps(report_dict(rep), indent=1)
     if a.report:
         write_atomic(a.report, doc)
@@ -54,14 +54,14 @@ def _cmd_wheels_build(a: argparse.Namespace) -> int:
 
 
 def _cmd_wheels_plan(a: argparse.Namespace) -> int:
-    from attnkit.wheels.compile import build_wheel
+    from attnkit.wheels.compile import BuildRequest, build_wheel
     from attnkit.wheels.shards import Unit, load_recorded, plan_summary, print_plan
 
     if a.shards < 1:
         raise UsageError(f"--shards: must be >= 1, got {a.shards}")
     spec = _spec(a, plan=True)  # any cell that carries the package: its units are the same
-    rep = build_wheel(spec, Path("."), python=a.python, build_dir=Path(a.build_dir) if a.build_dir else None,
-                      toolkit=a.toolkit, jobs=a.jobs, plan_only=True)
+    rep = build_wheel(BuildRequest(spec, Path("."), python=a.python, toolkit=a.toolkit, jobs=a.jobs, plan_only=True,
+                                   build_dir=Path(a.build_dir) if a.build_dir else None))
     assert rep.shard is not None
     units = [Unit(**u) for u in rep.shard["unit_list"]]
     plan = plan_summary(units, a.shards, dict(spec.recipe.build.unit_cost), load_recorded(a.costs))

@@ -208,14 +208,15 @@ class PackageArch(_Strict):
 
 
 class PackageLimits(_Strict):
+    """What a build needs. What a GPU needs to run it (compute capability) and how it is imported are runtime
+    facts: they live once, in the backend's Limits (runtime/backends/) and the probe's LibraryRow."""
+
     min_cuda: MinorVersion
     min_torch: MinorVersion
-    min_compute_capability: MinorVersion
 
 
 class Package(_Strict):
     version: ReleaseVersion
-    import_name: str
     extension: str
     sdist: Sdist | None = None  # the published sdist, or, where there is none,
     git: GitSource | None = None  # a commit of the repository (exactly one of the two)
@@ -238,7 +239,6 @@ class PypiPackage(_Strict):
     compiles its kernels at first use). Its pins per CUDA major go into the images' hash-locked wheelhouse."""
 
     version: ReleaseVersion
-    import_name: str
     requires: dict[Literal["cu12", "cu13"], list[str]] = Field(min_length=1)  # pinned requirements, itself first
     archs: list[SmNumber] = Field(min_length=1)  # the GPU archs it has kernels for
     max_python: MinorVersion  # the newest Python every pinned wheel is published for

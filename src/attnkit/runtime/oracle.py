@@ -133,7 +133,7 @@ def run_case(case: Case, ref: dict[str, Any], backends: list[str], device: str) 
 
     from attnkit.runtime.attention import attention
     from attnkit.runtime.call import Inputs
-    from attnkit.runtime.select import NoBackendError
+    from attnkit.runtime.select import SELECTOR, NoBackendError
 
     torch.random.manual_seed(0)
     dt = getattr(torch, case.dtype)
@@ -187,8 +187,15 @@ def run_case(case: Case, ref: dict[str, Any], backends: list[str], device: str) 
     results: dict[str, Any] = {}
     for name in backends:
         try:
-            out = call(None if name == AUTO else name)
-            grads = torch.autograd.grad(out, (q, k, v), g)
+            if name == AUTO:  # an earlier case's fallback must not decide this pick (demotions are per bucket)
+                SELECTOR.reset()
+            with SELECTOR.fallbacks() as fell:
+                out = call(None if name == AUTO else name)
+                grads = torch.autograd.grad(out, (q, k, v), g)
+            if fell:  # the pick raised and the next candidate answered: a failure of the pick, whatever the numbers
+                results[name] = {"outcome": "fail", "error": f"the pick fell back ({'; '.join(fell)})",
+                                 "selected": fell[0].split(":")[0]}
+                continue
         except NoBackendError as exc:
             lines = str(exc).splitlines()
             results[name] = {"outcome": "refused", "reason": lines[-1].split(": ", 1)[-1] if len(lines) > 1 else lines[0]}

@@ -5,11 +5,12 @@ memory of backends that failed at run time.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,7 @@ class Selector:
         self._warned: set[tuple[str, str]] = set()
         # told whenever a decision may change: with the shape bucket it changed for, or None for all
         self._listeners: list[Callable[[tuple[Any, ...] | None], None]] = []
+        self._watching = threading.local()  # this thread's open `fallbacks()` blocks (a demotion is the caller's)
         self._disk_loaded = False
         self.autotune = os.environ.get(ENV_AUTOTUNE, "") not in ("", "0")
         self.forced = os.environ.get(ENV_BACKEND) or None
@@ -121,9 +123,23 @@ class Selector:
         return found[0]
 
     # -- runtime fallback ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def fallbacks(self) -> Iterator[list[str]]:
+        """The run-time fallbacks inside the block ("backend: Error: first line"), for checks whose verdict is
+        about the pick (smoke, oracle): a right answer that a fallback gave hides that the pick raised."""
+        seen: list[str] = []
+        open_blocks: list[list[str]] = self._watching.__dict__.setdefault("blocks", [])
+        open_blocks.append(seen)
+        try:
+            yield seen
+        finally:
+            open_blocks[:] = [b for b in open_blocks if b is not seen]  # by identity: nested blocks may be equal
+
     def demote(self, backend: str, call: AttentionCall, exc: BaseException) -> None:
         with self._lock:
             self.demoted.setdefault(call.bucket(), set()).add(backend)
+            for seen in self._watching.__dict__.get("blocks", ()):
+                seen.append(f"{backend}: {type(exc).__name__}: {first_line(exc)}")
             key = (backend, type(exc).__name__)
             if key not in self._warned:
                 self._warned.add(key)

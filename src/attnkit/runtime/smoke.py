@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from attnkit.errors import first_line
+from attnkit.runtime.shape import Shape, make_inputs, varlen
 
 # (forward, backward) max abs error per dtype on unit-variance inputs, against the float64 reference
 TOL = {"float16": (4e-3, 2e-2), "bfloat16": (2.5e-2, 1e-1), "float32": (2e-4, 2e-3), "float64": (1e-7, 1e-6)}
@@ -28,81 +29,56 @@ COMPILED = "attnkit-compiled"
 COMPILED_CASES = ("mha", "gqa", "causal_sq_lt_sk", "decode", "varlen", "window", "alibi", "softcap")
 
 
-@dataclass(frozen=True)
-class Case:
-    sq: int = 64
-    sk: int = 64
-    h: int = 4
-    hkv: int = 4
-    d: int = 64
-    batch: int = 2
-    causal: bool = False
-    lengths: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # varlen (queries, keys) per sequence
-    window: tuple[int, int] | None = None
-    alibi: bool = False
-    softcap: float = 0.0
+def _case(name: str, sq: int = 64, sk: int = 64, h: int = 4, hkv: int = 4, d: int = 64, batch: int = 2,
+          causal: bool = False, lengths: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
+          **kw: Any) -> Shape:
+    """A smoke case as a Shape (its dtype is each check's): small sizes, varlen as (queries, keys) per sequence."""
+    if lengths is not None:
+        return varlen(name, lengths[0], lengths[1], heads=h, kv_heads=hkv, head_dim=d, causal=causal, **kw)
+    return Shape(name, batch, h, hkv, sq, sk, d, causal=causal, **kw)
 
 
-CASES: dict[str, Case] = {
-    "mha": Case(),
-    "gqa": Case(h=8, hkv=2),
-    "causal_sq_lt_sk": Case(sq=40, sk=96, causal=True),
-    "causal_sq_gt_sk": Case(sq=96, sk=40, hkv=2, causal=True),
-    "decode": Case(sq=1, sk=200, h=8, hkv=2, causal=True),
-    "varlen": Case(h=4, hkv=2, causal=True, lengths=((33, 1, 70, 17), (33, 9, 70, 40))),
-    "varlen_self": Case(h=4, hkv=2, causal=True, lengths=((33, 1, 70, 0, 17), (33, 1, 70, 0, 17))),
-    "varlen_self_noncausal": Case(lengths=((33, 1, 70, 0, 17), (33, 1, 70, 0, 17))),
+_CASES: list[Shape] = [
+    _case("mha"),
+    _case("gqa", h=8, hkv=2),
+    _case("causal_sq_lt_sk", sq=40, sk=96, causal=True),
+    _case("causal_sq_gt_sk", sq=96, sk=40, hkv=2, causal=True),
+    _case("decode", sq=1, sk=200, h=8, hkv=2, causal=True),
+    _case("varlen", h=4, hkv=2, causal=True, lengths=((33, 1, 70, 17), (33, 9, 70, 40))),
+    _case("varlen_self", h=4, hkv=2, causal=True, lengths=((33, 1, 70, 0, 17), (33, 1, 70, 0, 17))),
+    _case("varlen_self_noncausal", lengths=((33, 1, 70, 0, 17), (33, 1, 70, 0, 17))),
     # rows that see no key: a sequence without keys, more queries than keys
-    "varlen_keyless": Case(h=4, hkv=2, causal=True, lengths=((20, 5, 30, 7), (8, 0, 30, 12))),
-    "window": Case(sq=80, sk=80, causal=True, window=(16, 0)),
-    "window_both": Case(sq=80, sk=100, h=4, hkv=2, window=(8, 24)),
-    "alibi": Case(causal=True, alibi=True),
+    _case("varlen_keyless", h=4, hkv=2, causal=True, lengths=((20, 5, 30, 7), (8, 0, 30, 12))),
+    _case("window", sq=80, sk=80, causal=True, window=(16, 0)),
+    _case("window_both", sq=80, sk=100, h=4, hkv=2, window=(8, 24)),
+    _case("alibi", causal=True, alibi=True),
     # flash-attn's own test rule failed here before the bias was re-centred per row (issue 11): not causal,
     # more queries than keys, so ALiBi reaches -slope * 511
-    "alibi_cross": Case(sq=512, sk=256, h=4, batch=1, alibi=True),
-    "softcap": Case(causal=True, softcap=2.0, h=4, hkv=2),
+    _case("alibi_cross", sq=512, sk=256, h=4, batch=1, alibi=True),
+    _case("softcap", causal=True, softcap=2.0, h=4, hkv=2),
     # packed varlen + ALiBi training (OLMo/MPT), sizes like those where flash-attn's test grid found wrong
     # gradients through cuDNN (issue 21): both cases pad to the same (4, 250, 256), the second with keyless rows
     # (a sequence with more queries than keys), whose zeroing changed the layout of cuDNN's output gradient
-    "varlen_alibi": Case(h=4, hkv=2, causal=True, alibi=True,
-                         lengths=((250, 200, 180, 120), (256, 210, 190, 130))),
-    "varlen_alibi_keyless": Case(h=4, hkv=2, causal=True, alibi=True,
-                                 lengths=((250, 240, 180, 120), (256, 100, 190, 130))),
-    "varlen_alibi_noncausal": Case(h=4, hkv=1, alibi=True, lengths=((250, 17, 199, 64), (256, 33, 120, 250))),
-}
+    _case("varlen_alibi", h=4, hkv=2, causal=True, alibi=True,
+          lengths=((250, 200, 180, 120), (256, 210, 190, 130))),
+    _case("varlen_alibi_keyless", h=4, hkv=2, causal=True, alibi=True,
+          lengths=((250, 240, 180, 120), (256, 100, 190, 130))),
+    _case("varlen_alibi_noncausal", h=4, hkv=1, alibi=True, lengths=((250, 17, 199, 64), (256, 33, 120, 250))),
+]
+CASES: dict[str, Shape] = {c.label: c for c in _CASES}
 
 
 def dtypes(device: str) -> list[str]:
     return ["bfloat16", "float16", "float32"] if device == "cuda" else ["float32"]
 
 
-def inputs(case: Case, dtype: str, device: str) -> Any:
-    """The case's tensors (seeded: every backend sees the same numbers) as one attention call."""
-    import torch
-
+def inputs(case: Shape, dtype: str, device: str) -> Any:
+    """The case's tensors as one attention call: drawn on the host (every device and dtype sees the same numbers,
+    and every backend the same call), each requiring grad."""
     from attnkit.runtime.call import Inputs
 
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    dt = getattr(torch, dtype)
-
-    def r(*s: int) -> Any:
-        return torch.randn(*s, generator=gen).to(device=device, dtype=dt).requires_grad_(True)
-
-    kw: dict[str, Any] = {"causal": case.causal, "window": case.window, "softcap": case.softcap}
-    if case.lengths is not None:
-        lq, lk = case.lengths
-        for name, lens in (("q", lq), ("k", lk)):
-            kw[f"cu_seqlens_{name}"] = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32,
-                                                    device=device)
-            kw[f"max_seqlen_{name}"] = max(lens)
-        q, k, v = r(sum(lq), case.h, case.d), r(sum(lk), case.hkv, case.d), r(sum(lk), case.hkv, case.d)
-    else:
-        q, k, v = (r(case.batch, case.sq, case.h, case.d), r(case.batch, case.sk, case.hkv, case.d),
-                   r(case.batch, case.sk, case.hkv, case.d))
-    if case.alibi:
-        kw["alibi_slopes"] = torch.tensor([2 ** (-8 * (i + 1) / case.h) for i in range(case.h)], device=device,
-                                          dtype=torch.float32)
-    return Inputs(q, k, v, **kw)
+    t = make_inputs(replace(case, dtype=dtype), device, host_rng=True, requires_grad=True)
+    return Inputs(t.q, t.k, t.v, **t.kw)
 
 
 def check(backend: str, case_name: str, dtype: str, device: str) -> dict[str, Any]:
@@ -112,7 +88,7 @@ def check(backend: str, case_name: str, dtype: str, device: str) -> dict[str, An
     from attnkit.runtime.attention import attention
     from attnkit.runtime.backends import REGISTRY
     from attnkit.runtime.probe import probe
-    from attnkit.runtime.select import NoBackendError, select
+    from attnkit.runtime.select import SELECTOR, NoBackendError, select
 
     entry: dict[str, Any] = {"backend": backend, "case": case_name, "dtype": dtype}
     inp = inputs(CASES[case_name], dtype, device)
@@ -120,13 +96,15 @@ def check(backend: str, case_name: str, dtype: str, device: str) -> dict[str, An
     try:
         call, params = inp.prepare()
         fn: Any = None
+        if backend in (AUTO, COMPILED):  # an earlier row's fallback must not decide this row's pick (demotions
+            SELECTOR.reset()             # are per shape bucket, and the rows share buckets)
         if backend == COMPILED:
             if case_name not in COMPILED_CASES:
                 return {**entry, "outcome": "skipped", "reason": f"{COMPILED}: run on {', '.join(COMPILED_CASES)}"}
             try:
                 entry["selected"] = select(inp.describe("compile")).name
             except NoBackendError as exc:
-                return {**entry, "outcome": "skipped", "reason": f"{COMPILED}: {str(exc).splitlines()[0]}"}
+                return {**entry, "outcome": "skipped", "reason": f"{COMPILED}: {_refusal(exc)}"}
             kw = _kwargs(inp)
             # one lambda's code object serves every check: without a reset, dynamo's recompile limit (8 graphs
             # per code object) ends the compiled rows after eight (FailOnRecompileLimitHit under fullgraph).
@@ -139,8 +117,13 @@ def check(backend: str, case_name: str, dtype: str, device: str) -> dict[str, An
             try:
                 entry["selected"] = select(call).name
             except NoBackendError as exc:
-                return {**entry, "outcome": "skipped", "reason": f"{AUTO}: {str(exc).splitlines()[0]}"}
-            out = attention(inp.q, inp.k, inp.v, **_kwargs(inp))
+                return {**entry, "outcome": "skipped", "reason": f"{AUTO}: {_refusal(exc)}"}
+            with SELECTOR.fallbacks() as fell:
+                out = attention(inp.q, inp.k, inp.v, **_kwargs(inp))
+            if fell:  # the pick raised and another backend answered: this machine's pick does not work here
+                entry.update(outcome="failed", error=f"the pick fell back ({'; '.join(fell)})",
+                             seconds=round(time.perf_counter() - t0, 4))
+                return entry
         else:
             why = REGISTRY[backend].check(call, probe())
             if why:
@@ -184,6 +167,11 @@ def check(backend: str, case_name: str, dtype: str, device: str) -> dict[str, An
         entry.update(outcome="failed", error=f"{type(exc).__name__}: {first}",
                      seconds=round(time.perf_counter() - t0, 4))
     return entry
+
+
+def _refusal(exc: Exception) -> str:
+    """A NoBackendError in one line: its head (the call). Each backend's own reason is its forced row's skip."""
+    return str(exc).splitlines()[0].rstrip(":") + " (each backend's reason: its own row)"
 
 
 def _other_layout(t: Any) -> Any:

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
 
 from attnkit.errors import AttnkitError
+from attnkit.runtime.shape import Shape, make_inputs
 
 DTYPES = ("float16", "bfloat16")
 
@@ -65,6 +66,13 @@ class WarmupShape(BaseModel):
         if self.lengths is not None:
             return max(self.lengths), max(self.lengths)
         return (self.seqlen_q or self.seqlen or 0), (self.seqlen_k or self.seqlen or 0)
+
+    def shape(self) -> Shape:
+        """The call as the one call-spec type (runtime/shape.py), whose tensors every harness builds alike."""
+        sq, sk = self.sizes()
+        return Shape(self.name(), self.batch if self.lengths is None else len(self.lengths), self.heads,
+                     self.kv_heads or self.heads, sq, sk, self.head_dim, self.dtype, self.causal, self.window,
+                     self.lengths, self.train, self.alibi, self.softcap)
 
     def name(self) -> str:
         sq, sk = self.sizes()
@@ -218,22 +226,8 @@ def warm_one(s: WarmupShape, device: str) -> dict[str, Any]:
     from attnkit.runtime.call import Inputs
     from attnkit.runtime.select import select
 
-    dt = getattr(torch, s.dtype)
-    kv = s.kv_heads or s.heads
-    sq, sk = s.sizes()
-    kw: dict[str, Any] = {"causal": s.causal, "window": s.window, "softcap": s.softcap}
-    if s.alibi:  # the slopes' values do not change what compiles
-        kw["alibi_slopes"] = torch.tensor([2.0 ** (-8.0 * (h + 1) / s.heads) for h in range(s.heads)], device=device)
-    if s.lengths is not None:
-        total = sum(s.lengths)
-        cu = torch.tensor([0, *torch.tensor(s.lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
-        kw.update(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=sq, max_seqlen_k=sk)
-        shapes: list[tuple[int, ...]] = [(total, s.heads, s.head_dim), (total, kv, s.head_dim)]
-    else:
-        shapes = [(s.batch, sq, s.heads, s.head_dim), (s.batch, sk, kv, s.head_dim)]
-    q = torch.randn(*shapes[0], device=device, dtype=dt, requires_grad=s.train)
-    k = torch.randn(*shapes[1], device=device, dtype=dt, requires_grad=s.train)
-    v = torch.randn(*shapes[1], device=device, dtype=dt, requires_grad=s.train)
+    t = make_inputs(s.shape(), device, requires_grad=s.train)  # the values do not change what compiles
+    q, k, v, kw = t.q, t.k, t.v, t.kw
     with torch.set_grad_enabled(s.train):
         backend = select(Inputs(q, k, v, **kw).describe()).name
     times = []

@@ -171,13 +171,43 @@ def _log_tail(path: Path) -> str:
             return ln[:300]
     return lines[-1][:300] if lines else "no output"
 
-def build_wheel(spec: BuildSpec, out: Path, *, python: str = sys.executable, build_dir: Path | None = None,
-                toolkit: str = "auto", jobs: int | None = None, verify: bool = True,
-                shard: tuple[int, int] | None = None, link_only: bool = False, plan_only: bool = False,
-                objects: Path | None = None, costs: list[Path] | None = None, also: tuple[str, ...] = ()) -> BuildReport:
-    """Build, accept and report one wheel; or, sharded (wheels/shards.py): `plan_only` lists the compile
-    units, `shard=(i, n)` compiles shard i's units into the object store `objects`, `link_only` gathers every
-    unit from that store, links, and accepts the wheel exactly as an unsharded build does."""
+@dataclass(frozen=True)
+class BuildRequest:
+    """One wheel build as typed data (cibuildwheel's BuildOptions): made once by the CLI, read by every stage,
+    so that a new option is one field and not a parameter threaded through three signatures.
+
+    Sharded builds (wheels/shards.py): `plan_only` lists the compile units, `shard=(i, n)` compiles shard i's
+    units into the object store `objects`, `link_only` gathers every unit from that store and links."""
+
+    spec: BuildSpec
+    out: Path
+    python: str = sys.executable
+    build_dir: Path | None = None  # default: the cache's build/<cell>/<package>
+    toolkit: str = "auto"
+    jobs: int | None = None  # default: sized from memory and cores (wheels/sizing.py)
+    verify: bool = True
+    shard: tuple[int, int] | None = None
+    link_only: bool = False
+    plan_only: bool = False
+    objects: Path | None = None
+    costs: tuple[Path, ...] = ()  # recorded per-unit compile times from earlier shards
+    also: tuple[str, ...] = ()  # more Python interpreters the accepted wheel is verified in
+
+    def __post_init__(self) -> None:
+        modes = [n for n, on in (("--shard", self.shard is not None), ("--link-only", self.link_only),
+                                 ("plan", self.plan_only)) if on]
+        if len(modes) > 1:
+            raise AttnkitError(f"{' and '.join(modes)}: a job either plans, compiles a shard or links them all")
+
+    @property
+    def mode(self) -> str | None:
+        """None for a whole build; else the ninja shim's mode."""
+        return "plan" if self.plan_only else "compile" if self.shard else "link" if self.link_only else None
+
+
+def build_wheel(req: BuildRequest) -> BuildReport:
+    """Build, accept and report one wheel (or plan, compile or link a sharded one: BuildRequest.mode)."""
+    spec, python, shard, objects = req.spec, req.python, req.shard, req.objects
     cell = spec.cell
     assert cell.cuda is not None
     env_info = pyenv.describe(python)
@@ -185,16 +215,16 @@ def build_wheel(spec: BuildSpec, out: Path, *, python: str = sys.executable, bui
     if bad:
         raise AttnkitError(f"--python {python}: does not match cell {cell.id}: {'; '.join(bad)}")
     cache = cache_dir()
-    tk = resolve_toolkit(toolkit, cell.cuda, spec.toolkit_pypi, cache / "toolkits", python)
+    tk = resolve_toolkit(req.toolkit, cell.cuda, spec.toolkit_pypi, cache / "toolkits", python)
     check_major(tk, env_info.torch_cuda or cell.cuda, f"torch {env_info.torch}")
-    build_dir = build_dir or (cache / "build" / cell.id / spec.package)
+    build_dir = req.build_dir or (cache / "build" / cell.id / spec.package)
     build_dir.mkdir(parents=True, exist_ok=True)
     knobs = spec.recipe.build
-    n_jobs, why = jobs_for(spec, jobs)
+    n_jobs, why = jobs_for(spec, req.jobs)
     report = BuildReport(spec.package, spec.version, cell.id, jobs=n_jobs, jobs_reason=why,
                          nvcc_threads=knobs.nvcc_threads, archs=format_archs(list(spec.archs), knobs.arch_format),
                          toolkit=f"CUDA {tk.version} ({tk.source}: {tk.home})", log=str(build_dir / "build.log"))
-    mode = "plan" if plan_only else "compile" if shard else "link" if link_only else None
+    mode = req.mode
     what = {"plan": "planning", "compile": f"compiling shard {shard[0]}/{shard[1]} of" if shard else "",
             "link": "linking", None: "building"}[mode]
     print(f"attnkit: {what} {spec.package} {spec.version} for {cell.id}: {knobs.arch_env}={report.archs}, "
@@ -206,8 +236,7 @@ def build_wheel(spec: BuildSpec, out: Path, *, python: str = sys.executable, bui
     env = build_env(spec, tk, n_jobs)
     shim_report = build_dir / "shard-report.json"
     if mode is not None:
-        env = _sharded_env(mode, spec, src, build_dir, env, tk, env_info.torch or "", shard, objects, costs,
-                           shim_report)
+        env = _sharded_env(req, src, build_dir, env, tk, env_info.torch or "", shim_report)
     t0 = time.monotonic()
     built = run_build(spec, src, env, python, build_dir / "dist", build_dir / "build.log", report,
                       stopped=(lambda: _shim_stopped(shim_report)) if mode is not None else None)
@@ -220,7 +249,8 @@ def build_wheel(spec: BuildSpec, out: Path, *, python: str = sys.executable, bui
                                "shard of this cell with the same source, flags, toolkit and torch first)")
     if built is None:  # a plan or a shard: nothing to link
         return report
-    final, verified = finalize(built, spec, out, python=python, machine=env_info.machine, verify=verify, also=also)
+    final, verified = finalize(built, spec, req.out, python=python, machine=env_info.machine, verify=req.verify,
+                               also=req.also)
     report.verify = verified or {}
     report.wheel = final.name
     # verification already hashed these exact bytes (accept copies them); hash again only when it did not run
@@ -238,11 +268,12 @@ def _shim_stopped(path: Path) -> bool:
     return done.get("mode") in ("plan", "compile") or bool(done.get("missing"))
 
 
-def _sharded_env(mode: str, spec: BuildSpec, src: Path, build_dir: Path, env: dict[str, str], tk: Toolkit,
-                 torch: str, shard: tuple[int, int] | None, objects: Path | None, costs: list[Path] | None,
+def _sharded_env(req: BuildRequest, src: Path, build_dir: Path, env: dict[str, str], tk: Toolkit, torch: str,
                  report: Path) -> dict[str, str]:
     """The build environment with attnkit's ninja shim first on PATH and its context written."""
     from attnkit.wheels import shards
+
+    mode, spec, shard, objects = req.mode or "", req.spec, req.shard, req.objects
 
     real = shutil.which("ninja", path=env.get("PATH"))
     if real is None:
@@ -257,7 +288,7 @@ def _sharded_env(mode: str, spec: BuildSpec, src: Path, build_dir: Path, env: di
                          report=str(report), source_digest=source_digest(spec),
                          toolkit=(nvcc.stdout.strip().splitlines() or [tk.version])[-1], torch=torch,
                          shard=shard[0] if shard else 0, shards=shard[1] if shard else 0,
-                         patterns=dict(spec.recipe.build.unit_cost), recorded=shards.load_recorded(costs))
+                         patterns=dict(spec.recipe.build.unit_cost), recorded=shards.load_recorded(list(req.costs) or None))
     ctx_file = build_dir / "shard-context.json"
     ctx.write(ctx_file)
     shim_dir = shards.install_shim(build_dir / "shim").parent

@@ -48,6 +48,15 @@ OPT_IN_FLASH = "ATTNKIT_EXPERIMENTAL_FLEX_FLASH"
 FLASH_BROKEN = (f"flex's FLASH backend raises on masks, score mods and backward on torch 2.11 (flash-attn's "
                 f"test grid, H200); opt in with {OPT_IN_FLASH}=1")
 
+# The one H200 smoke row that recorded flex inside attnkit's opaque graph call with a backward (softcap fp32 under
+# torch.compile(dynamic=True), torch 2.11.0; docs/results/2026-12-01-h200-smoke-session3.json) failed while dynamo
+# ran that call on fake tensors ("Unsupported output type for nonstrict_trace-ed function", which is how dynamo
+# reports any error inside it). Forward-only graphs record flex (CPU, tests/test_integrations.py). Until a GPU run
+# records a flex backward in a graph, such calls go to a backend that is known to record one, or get the one
+# error that lists every backend's reasons.
+GRAPH_GRAD = ("its backward is not recorded inside attnkit's torch.compile call on this torch (the H200 smoke's "
+              "compiled softcap float32 row failed there)")
+
 # traces: flex_attention is torch's own higher-order op, which torch.compile / torch.export record as it is
 _TRITON = Limits(devices=frozenset({"cuda", "cpu"}), min_capability=(8, 0),
                  dtypes=frozenset({"float16", "bfloat16", "float32"}), max_head_dim=256, head_dim_multiple=8,
@@ -175,6 +184,26 @@ def mask_and_score(call: AttentionCall, p: Params, device: Any) -> tuple[Any, An
     return mask_mod, score_mod, q_len, kv_len
 
 
+DECODE_MAX_Q = 128  # torch's flex lowering takes its decoding kernel for Q_LEN below this (flex_decoding.py)
+
+
+def decode_options(call: AttentionCall, q_len: int) -> dict[str, Any]:
+    """kernel_options that keep a short GQA query off flex's decoding kernel where that kernel cannot run.
+
+    For Q_LEN < 128 inductor lowers flex to its decoding kernel, which puts a KV head's whole query group in one
+    block: BLOCK_M = next_power_of_2(Q_LEN * group). Past 128 that block no longer divides the block mask's
+    128-row blocks, every config is filtered out and the compile fails ("NoValidChoicesError: No choices to
+    select"): the H200 smoke's GQA rows causal_sq_gt_sk (Sq 96, group 2), varlen (121 packed queries),
+    varlen_self and window_both, in every dtype (torch 2.11.0; docs/results/2026-12-01-h200-smoke-session3.json).
+    A Llama-style 32/8 group hits it from 33 queries on (speculative decoding, small prefill chunks). The main
+    kernel handles any Q_LEN; FORCE_USE_FLEX_ATTENTION (torch >= 2.5) is torch's documented option for choosing
+    it, and torch refuses it beside a BACKEND (flex_flash's FLASH never takes the decoding kernel anyway)."""
+    group = call.heads // max(call.kv_heads, 1)
+    if call.gqa and q_len < DECODE_MAX_Q and q_len * group > DECODE_MAX_Q:
+        return {"FORCE_USE_FLEX_ATTENTION": True}
+    return {}
+
+
 class Flex(Backend):
     name = "flex"
     limits: Limits | tuple[ArchLimits, ...] = _TRITON
@@ -188,6 +217,8 @@ class Flex(Backend):
     def extra_reasons(self, call: AttentionCall, capability: tuple[int, int] | None) -> list[str]:
         if call.device == "cpu" and call.requires_grad:
             return ["no backward on CPU (torch's FlexAttention: 'does not support backward on CPU')"]
+        if call.trace == "compile" and call.requires_grad:
+            return [GRAPH_GRAD]
         return []
 
     def bind(self, call: AttentionCall, p: Params, q: Any, k: Any, v: Any) -> Runner:
@@ -196,11 +227,14 @@ class Flex(Backend):
         mask_mod, score_mod, q_len, kv_len = mask_and_score(call, p, device)
         eager_cuda = call.device == "cuda" and not call.trace
         kw: dict[str, Any] = {"score_mod": score_mod, "scale": p.scale, "enable_gqa": call.gqa}
-        if self.kernel_options:
-            kw["kernel_options"] = dict(self.kernel_options)
+        # BACKEND excludes the knob; without a mask torch's own empty mask has blocks any BLOCK_M divides
+        options = dict(self.kernel_options or {}) or (decode_options(call, q_len) if mask_mod is not None else {})
+        if options:
+            kw["kernel_options"] = options
         if eager_cuda:  # what dynamo specialises a graph on, sizes aside
             compiled = _compiled((self.name, call.dtype, call.requires_grad, call.gqa, call.varlen, call.causal,
-                                  call.window is not None, call.alibi, bool(call.softcap), call.head_dim))
+                                  call.window is not None, call.alibi, bool(call.softcap), call.head_dim,
+                                  tuple(sorted(options))))
 
             def fn(q: Any, k: Any, v: Any, block_mask: Any, **kw: Any) -> Any:
                 return compiled(q, k, v, block_mask, kw)
