@@ -136,7 +136,7 @@ BAD = [
     (lambda q, k, v: dict(attn_bias=torch.randn(1, 4, 7, 7)), "attn_bias: shape (1, 4, 7, 7) does not broadcast"),
     (lambda q, k, v: dict(backend="nope"), "backend: unknown backend 'nope'"),
     (lambda q, k, v: dict(softmax_scale=-1.0), "softmax_scale: expected a positive number"),
-    (lambda q, k, v: dict(softcap=-1.0), "softcap: expected a number >= 0"),
+    (lambda q, k, v: dict(softcap=-1.0), "softcap: expected a number from 0 (off)"),
     (lambda q, k, v: dict(window=(3, -2)), "window: expected (left, right) ints >= -1"),
     (lambda q, k, v: dict(q=q.reshape(-1, 4, 16), k=k.reshape(-1, 2, 16), v=v.reshape(-1, 2, 16),
                           cu_seqlens_q=torch.tensor([0, 5, 6]), cu_seqlens_k=torch.tensor([0, 5, 10], dtype=torch.int32),

@@ -214,11 +214,17 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if not path.exists():
         return out
-    for line in path.read_text(encoding="utf-8").splitlines():
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: cannot be read as attnkit tune lines ({type(exc).__name__})") from None
+    for line in text.splitlines():
         try:
-            out.append(json.loads(line))
-        except ValueError:
+            row = json.loads(line)
+        except (ValueError, RecursionError):
             continue  # a line cut by a kill: that case runs again
+        if isinstance(row, dict):
+            out.append(row)
     return out
 
 
@@ -312,6 +318,14 @@ def _compile_case(s: Shape, device: str) -> int:
 
 def merge(files: list[Path], arch: str | None = None) -> dict[str, Any]:
     """The selection table from shard files (runtime/table.py's format), with provenance."""
+    try:
+        return _merge(files, arch)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise UsageError(f"--merge: a line of {', '.join(map(str, files))[:200]} is not what `attnkit tune` writes "
+                         f"({type(exc).__name__}: {first_line(exc, 80)})") from None
+
+
+def _merge(files: list[Path], arch: str | None) -> dict[str, Any]:
     headers, results = [], []
     for f in files:
         if not f.is_file():
@@ -320,6 +334,9 @@ def merge(files: list[Path], arch: str | None = None) -> dict[str, Any]:
         head = [r for r in lines if r.get("header")]
         if not head:
             raise UsageError(f"--merge: {f} is not an attnkit tune file (no header line)")
+        if not all(isinstance(h.get("environment"), dict) and isinstance(h["environment"].get("probe"), dict)
+                   and isinstance(h.get("grid"), dict) for h in head):
+            raise UsageError(f"--merge: {f}: its header line lacks what `attnkit tune` writes (environment, grid)")
         headers += head
         results += [r for r in lines if "shape" in r]
     envs = {json.dumps(_machine(h["environment"]), sort_keys=True) for h in headers}

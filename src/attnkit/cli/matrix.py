@@ -68,6 +68,8 @@ def _cmd_readme(a: argparse.Namespace) -> int:
         text = readme.read_text(encoding="utf-8")
     except OSError as exc:
         raise AttnkitError(f"--readme {readme}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise AttnkitError(f"--readme {readme}: not UTF-8 text") from None
     try:
         new = emit.replace_readme_table(text, emit.to_markdown(m, expand(m)))
     except ValueError as exc:

@@ -95,6 +95,9 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         return 0
     if not a.out:
         raise UsageError("--out: required (the JSON-lines file this shard's results are appended to)")
+    missing = next((f for f in a.refine or () if not Path(f).is_file()), None)
+    if missing is not None:
+        raise UsageError(f"--refine: {missing}: no such file (give earlier `attnkit tune --out` files)")
     out = Path(a.out)
     if out.exists() and not a.resume:
         raise UsageError(f"--out: {out} exists; pass --resume to continue it, or choose a new file")

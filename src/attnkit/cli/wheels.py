@@ -81,9 +81,12 @@ def _cmd_wheels_verify(a: argparse.Namespace) -> int:
     if not wheel.is_file():
         raise AttnkitError(f"WHEEL {wheel}: no such file")
     if a.package is None and a.recipe is None:
-        from packaging.utils import parse_wheel_filename
+        from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-        a.package = str(parse_wheel_filename(wheel.name)[0])
+        try:
+            a.package = str(parse_wheel_filename(wheel.name)[0])
+        except InvalidWheelFilename as exc:
+            raise AttnkitError(f"WHEEL {wheel.name}: not a wheel file name ({exc}); pass --package") from None
     rep = verify_wheel(wheel, _spec(a), python=a.python, also=tuple(a.also_python))
     print(json.dumps(rep.to_dict(), indent=1))
     if not rep.ok:

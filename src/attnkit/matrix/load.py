@@ -168,6 +168,10 @@ def parse_matrix(text: str, source: str) -> Matrix:
         raise AttnkitError(_one_line(f"{source}{line}: YAML syntax error: {exc.problem or exc.context}")) from None
     except yaml.YAMLError as exc:
         raise AttnkitError(f"{source}: YAML error: {(str(exc).splitlines() or ['?'])[0]}") from None
+    except (ValueError, OverflowError, TypeError) as exc:  # a scalar PyYAML resolves but cannot build (a 5000-digit
+        # int, 2024-02-30 read as a date, !!int "abc"): every value attnkit reads is a string or a small number
+        raise AttnkitError(_one_line(f"{source}: a value cannot be read ({exc}); quote versions and dates as "
+                                     "strings")) from None
     finally:
         if loader is not None:
             loader.dispose()  # type: ignore[no-untyped-call]
@@ -205,16 +209,25 @@ def _cell_problems(m: Matrix) -> list[tuple[Path_, str]]:
     return []
 
 
+MAX_BYTES = 4 * 2**20
+
+
 def load_matrix(path: str | Path | None = None) -> Matrix:
     """Load and validate a matrix file (default: $ATTNKIT_MATRIX, else the packaged matrix.yaml)."""
     p = Path(path) if path is not None else default_matrix_path()
     name = shown(p)
     try:
-        text = p.read_text(encoding="utf-8")
+        with p.open("rb") as f:  # bounded: a device or a huge file is not a matrix
+            raw = f.read(MAX_BYTES + 1)
+        if len(raw) > MAX_BYTES:
+            raise AttnkitError(f"{name}: larger than {MAX_BYTES // 2**20} MiB; a matrix.yaml is a few KiB of YAML")
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         raise AttnkitError(f"{name}: no such file; pass --file PATH to a matrix.yaml") from None
     except IsADirectoryError:
         raise AttnkitError(f"{name}: is a directory; pass --file PATH to a matrix.yaml") from None
     except UnicodeDecodeError:
         raise AttnkitError(f"{name}: not UTF-8 text; matrix.yaml must be a UTF-8 YAML file") from None
+    except OSError as exc:
+        raise AttnkitError(f"{name}: cannot read ({exc.strerror or exc})") from None
     return parse_matrix(text, name)

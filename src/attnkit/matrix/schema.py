@@ -398,8 +398,15 @@ def problems(m: Matrix) -> list[Problem]:
                                 f"CUDA {cuda} has no entry under cuda: (described: {known})"))
     for pname, pkg in m.packages.items():
         out += _abi_problems(pname, pkg)
+        if isinstance(pkg.archs, list):
+            if not pkg.archs:
+                out.append((("packages", pname, "archs"), "an empty list builds for no GPU; list {sm, min_cuda} "
+                            "entries, or write torch (the cell's torch arch list)"))
+            out += _repeats(("packages", pname, "archs"), [a.sm for a in pkg.archs])
     for name, pp in m.pypi_packages.items():
+        out += _repeats(("pypi_packages", name, "archs"), pp.archs)
         for label, reqs in pp.requires.items():
+            out += _repeats(("pypi_packages", name, "requires", label), reqs)
             pins = [_exact_pin(r) for r in reqs]
             if any(pin is None for pin in pins):
                 bad = next(r for r, pin in zip(reqs, pins, strict=True) if pin is None)

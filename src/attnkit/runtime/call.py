@@ -139,6 +139,9 @@ def _dtype_name(t: Any) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
+MAX_FACTOR = 1e6  # softmax_scale and softcap: beyond it scores overflow (NaN), or the cap caps nothing
+
+
 @dataclass(frozen=True)
 class Inputs:
     """One attention() call's arguments as given. Built once per call (attention(), its fallback, the bench
@@ -200,13 +203,18 @@ class Inputs:
         if kv_heads == 0 or heads % kv_heads:
             raise _fail("k", f"q has {heads} heads, which is not a multiple of k's {kv_heads} heads")
         s = self.softmax_scale
-        if s is not None and not (isinstance(s, (int, float)) and not isinstance(s, bool) and 0 < s < math.inf):
-            raise _fail("softmax_scale", f"expected a positive number (finite), got {s!r}")
+        if s is not None and not (isinstance(s, (int, float)) and not isinstance(s, bool) and 0 < s <= MAX_FACTOR):
+            raise _fail("softmax_scale", f"expected a positive number up to {MAX_FACTOR:g} (larger scores overflow), "
+                                         f"got {s!r}"[:200])
         if not isinstance(self.dropout_p, (int, float)) or not 0.0 <= self.dropout_p < 1.0:
             raise _fail("dropout_p", f"must be in [0, 1), got {self.dropout_p}")
         if (not isinstance(self.softcap, (int, float)) or isinstance(self.softcap, bool)
-                or not 0 <= self.softcap < math.inf):
-            raise _fail("softcap", f"expected a number >= 0 (finite; 0 = off), got {self.softcap!r}")
+                or not 0 <= self.softcap <= MAX_FACTOR):
+            raise _fail("softcap", f"expected a number from 0 (off) up to {MAX_FACTOR:g}, got {self.softcap!r}"[:200])
+        try:
+            bool(self.causal)
+        except (RuntimeError, TypeError, ValueError):  # a tensor of several values, ...
+            raise _fail("causal", f"expected True or False, got {type(self.causal).__name__}") from None
         window = _check_window(self.window)
 
         lengths_q = lengths_k = None
@@ -253,6 +261,8 @@ class Inputs:
                 raise _fail("attn_bias", f"expected a tensor broadcastable to (batch, heads, {sq}, {sk})")
             if varlen:
                 raise _fail("attn_bias", "is not supported with varlen (cu_seqlens); pad the batch instead")
+            if bias.dim() > 4:
+                raise _fail("attn_bias", f"has {bias.dim()} dimensions; expected at most 4 (batch, heads, {sq}, {sk})")
             try:
                 torch.broadcast_shapes(tuple(bias.shape), (batch, heads, sq, sk))
             except RuntimeError:

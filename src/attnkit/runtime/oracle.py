@@ -101,7 +101,7 @@ def load_reference(path: str) -> dict[str, Any]:
         raise UsageError("--tests: flash-attn's reference needs einops: pip install einops") from None
     try:
         tree = ast.parse(p.read_text(encoding="utf-8"), filename=str(p))
-    except (SyntaxError, UnicodeDecodeError, OSError) as exc:
+    except (SyntaxError, UnicodeDecodeError, OSError, MemoryError, RecursionError) as exc:
         raise UsageError(f"--tests: {p}: cannot be read as Python ({type(exc).__name__})") from None
     ns: dict[str, Any] = {"torch": torch, "math": math, "rearrange": einops.rearrange, "repeat": einops.repeat,
                           "F": torch.nn.functional}
@@ -291,10 +291,17 @@ def merge(paths: list[str], out: str | None, quiet: bool = False) -> int:
     for path in paths:
         try:
             docs.append(json.loads(Path(path).read_text(encoding="utf-8")))
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             raise UsageError(f"--merge: {path}: not a readable oracle report ({type(exc).__name__})") from None
         if not isinstance(docs[-1], dict) or not isinstance(docs[-1].get("cases"), list):
             raise UsageError(f"--merge: {path}: not an oracle report (no 'cases' list)")
+        bad = next((i for i, c in enumerate(docs[-1]["cases"]) if not (
+            isinstance(c, dict) and isinstance(c.get("case"), str) and isinstance(c.get("results"), dict)
+            and all(isinstance(r, dict) and r.get("outcome") in ("pass", "fail", "refused")
+                    for r in c["results"].values()))), None)
+        if bad is not None:
+            raise UsageError(f"--merge: {path}: cases[{bad}] is not an oracle case (a 'case' tag and 'results' "
+                             "whose outcomes are pass, fail or refused)")
     by_tag: dict[str, dict[str, Any]] = {}
     for d in docs:  # one case from several reports (an own-pick pass and a forced pass): its results joined,
         for c in d["cases"]:  # a later report's result for a backend replacing an earlier one

@@ -25,7 +25,9 @@ from attnkit.runtime.shape import Shape, make_inputs
 DTYPES = ("float16", "bfloat16")
 
 
-Count = Annotated[int, Strict(), Field(ge=1)]  # strict: JSON `true` is not 1 head, 2.5 is not a length
+INT_MAX = 2**31 - 1  # what attention() accepts for a size, a length or a window (int32 kernels)
+# strict: JSON `true` is not 1 head, 2.5 is not a length
+Count = Annotated[int, Strict(), Field(ge=1, le=INT_MAX)]
 
 
 class WarmupShape(BaseModel):
@@ -43,7 +45,7 @@ class WarmupShape(BaseModel):
     head_dim: Count
     dtype: Literal["float16", "bfloat16"] = "bfloat16"
     causal: Annotated[bool, Strict()] = True
-    window: tuple[Annotated[int, Strict()], Annotated[int, Strict()]] | None = None
+    window: tuple[Annotated[int, Strict(), Field(le=INT_MAX)], Annotated[int, Strict(), Field(le=INT_MAX)]] | None = None
     softcap: Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)] = 0.0
     alibi: Annotated[bool, Strict()] = Field(False, description="ALiBi (flex compiles a kernel for it)")
     lengths: tuple[Count, ...] | None = Field(None, description="packed varlen: per-sequence lengths")
@@ -129,8 +131,8 @@ def _config_int(cfg_path: Path, cfg: dict[str, Any], key: str, required: bool = 
     if value is None:
         raise AttnkitError(f"--model {cfg_path}: needs num_attention_heads and head_dim or hidden_size ({key} is "
                            "missing; an integer >= 1)")
-    if type(value) is not int or value < 1:
-        raise AttnkitError(f"--model {cfg_path}: {key}: expected an integer >= 1, got {value!r}"[:300])
+    if type(value) is not int or not 1 <= value <= INT_MAX:
+        raise AttnkitError(f"--model {cfg_path}: {key}: expected an integer from 1 to {INT_MAX}, got {value!r}"[:300])
     return value
 
 
@@ -186,16 +188,19 @@ def shapes_from_model(path: str, seqlen: int, batch: int, dtype: str | None) -> 
         softcap = float(softcap_raw)
     use_sw = cfg.get("use_sliding_window", True)
     sw = cfg.get("sliding_window") if use_sw is not False and use_sw is not None else None
-    if sw is not None and (type(sw) is not int or sw < 0):
+    if sw is not None and (type(sw) is not int or not 0 <= sw <= INT_MAX):
         raise AttnkitError(f"--model {cfg_path}: sliding_window: expected an integer >= 1 (tokens), or null or 0 for "
                            f"none, got {sw!r}"[:300])
     # ALiBi models: BLOOM (model_type "bloom"), MPT (attn_config.alibi), Falcon-RW (alibi: true)
     attn_cfg: dict[str, Any] = cfg["attn_config"] if isinstance(cfg.get("attn_config"), dict) else {}
     alibi = cfg.get("model_type") == "bloom" or cfg.get("alibi") is True or attn_cfg.get("alibi") is True
     layer_types = cfg.get("layer_types") or []
-    if not isinstance(layer_types, list):
-        raise AttnkitError(f"--model {cfg_path}: layer_types: expected a list of 'full_attention' / "
-                           f"'sliding_attention', got {type(layer_types).__name__}")
+    known = ("full_attention", "sliding_attention")
+    if not isinstance(layer_types, list) or (layer_types and not any(t in known for t in layer_types)):
+        got = type(layer_types).__name__ if not isinstance(layer_types, list) else repr(layer_types[:3])
+        raise AttnkitError(f"--model {cfg_path}: layer_types: expected a list with 'full_attention' and/or "
+                           f"'sliding_attention' layers (other kinds are not attention calls attnkit makes), got "
+                           f"{got}"[:300])
     windows: list[tuple[int, int] | None] = []
     if sw and (not layer_types or "sliding_attention" in layer_types):
         windows.append((sw - 1, 0))  # HF's window counts the query itself, as flash-attn's left + 1

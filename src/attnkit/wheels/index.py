@@ -74,19 +74,21 @@ def _safe_part(value: object, what: str, where: str) -> str:
     return value
 
 
-def check_base_url(base_url: str | None) -> str | None:
-    """--base-url must be an http(s) URL: it is written into every link of the site."""
+def check_base_url(base_url: str | None, option: str = "--base-url",
+                   example: str = "https://github.com/ORG/REPO/releases/download/TAG/") -> str | None:
+    """--base-url / --site-url must be an http(s) URL: it is written into the site's links and keys.json."""
     if base_url is None:
         return None
     parts = urllib.parse.urlsplit(base_url)
     if parts.scheme not in ("http", "https") or not parts.netloc or any(c in base_url for c in "\"\'<> \n\r\t"):
-        raise UsageError(f"--base-url: {base_url[:80]!r} is not an http(s) URL (e.g. "
-                         "https://github.com/ORG/REPO/releases/download/TAG/)")
+        raise UsageError(f"{option}: {base_url[:80]!r} is not an http(s) URL (e.g. {example})")
     return base_url
 
 
 def check_out(src: Path, out: Path) -> None:
     """Refuse an --out that would destroy what is not a site of ours, or that overlaps the wheel folder."""
+    if out.is_symlink():  # checked before resolving: a link's target is some other folder, written or replaced
+        raise UsageError(f"--out: {out} is a symbolic link; give the folder itself")
     src, out = src.resolve(), out.resolve()
     if out == src or out in src.parents or src in out.parents:
         raise UsageError(f"--out: {out} overlaps the wheel folder {src}; give a folder of its own (e.g. {src.parent / 'site'})")
@@ -107,8 +109,8 @@ def _clean_stale_stages(out: Path, keep: Path) -> None:
 def _report(vp: Path) -> dict[str, object]:
     try:
         rep = json.loads(vp.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError):
-        raise AttnkitError(f"{vp}: not valid JSON") from None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise AttnkitError(f"{vp}: not valid JSON (or nested too deeply)") from None
     except OSError as exc:
         raise AttnkitError(f"{vp}: cannot be read ({exc.strerror or type(exc).__name__})") from None
     if not isinstance(rep, dict):
@@ -271,6 +273,7 @@ def build_index(src: Path, out: Path, base_url: str | None = None, site_url: str
     + '.metadata'). `site_url`: where the site will be served, for absolute URLs in the landing page.
     `matrix`: its torch releases are keys a stable-ABI wheel is listed under. Returns one entry per key."""
     base_url = check_base_url(base_url)
+    site_url = check_base_url(site_url, "--site-url", "https://ORG.github.io/REPO/")
     check_out(src, out)
     found = collect(src)
     entries = expand_stable(found, matrix)

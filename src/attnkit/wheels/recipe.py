@@ -134,6 +134,8 @@ def load_recipe(package: str | None = None, path: str | Path | None = None) -> t
         doc = tomllib.loads(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise AttnkitError(f"{p}: TOML syntax error: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise AttnkitError(f"{p}: cannot be read as a UTF-8 TOML recipe ({type(exc).__name__})") from None
     try:
         recipe = Recipe.model_validate(doc)
     except ValidationError as exc:

@@ -10,6 +10,7 @@ wheel's dependencies and torch held at the installed version.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import re
 import shutil
 import subprocess
@@ -20,8 +21,8 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
-from packaging.utils import canonicalize_name, parse_wheel_filename
-from packaging.version import Version
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
 
 from attnkit._progress import download
 from attnkit.errors import AttnkitError
@@ -79,7 +80,7 @@ def listing(simple: str, project: str, source: str = "--index") -> list[Candidat
     try:
         with urllib.request.urlopen(target, timeout=60) as r:
             text = r.read().decode("utf-8", "replace")
-    except OSError as exc:
+    except (OSError, ValueError, http.client.HTTPException) as exc:  # ValueError: a malformed URL (bad port, IPv6)
         raise AttnkitError(f"{source}: cannot read {target} ({exc})") from None
     parser = _Links()
     parser.feed(text)
@@ -94,7 +95,11 @@ def listing(simple: str, project: str, source: str = "--index") -> list[Candidat
         if not fname.endswith(".whl"):
             continue
         sha = frag.split("=", 1)[1].lower() if frag.startswith("sha256=") else None
-        out.append(Candidate(fname, url, sha, parse_wheel_filename(fname)[1]))
+        try:
+            version = parse_wheel_filename(fname)[1]
+        except (InvalidWheelFilename, InvalidVersion):  # a link that is no wheel of any project: not a candidate
+            continue
+        out.append(Candidate(fname, url, sha, version))
     return out
 
 

@@ -57,7 +57,7 @@ class Unit:
 
 def parse_shard(text: str) -> tuple[int, int]:
     """'2/4' -> (2, 4); shards count from 1."""
-    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text or "")
+    m = re.fullmatch(r"\s*([0-9]{1,6})\s*/\s*([0-9]{1,6})\s*", text or "")  # ASCII digits, a sane count
     if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
         raise UsageError(f"--shard: expected I/N with 1 <= I <= N (e.g. 2/4), got {text!r}")
     return int(m.group(1)), int(m.group(2))
