@@ -11,6 +11,7 @@ import pytest
 from wheelkit import make_wheel, verified
 
 from attnkit.cli import main
+from attnkit.errors import AttnkitError
 from attnkit.matrix.load import default_matrix_path
 
 torch = pytest.importorskip("torch")
@@ -168,3 +169,23 @@ def test_tune_refine_from_a_missing_file(tmp_path, capsys):
     one_line(*run(["tune", "--quick", "--out", str(tmp_path / "n.jsonl"), "--refine", str(tmp_path / "nope.jsonl")],
                   capsys), 2, "--refine")
     assert not (tmp_path / "n.jsonl").exists()
+
+
+def test_index_build_refuses_a_metadata_zip_bomb(tmp_path, capsys):
+    import zipfile
+
+    from attnkit.wheels import retag
+
+    w = tmp_path / "demo_pkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(w, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr("demo_pkg-1.0.dist-info/METADATA", b"Name: demo\n" + b" " * (retag.MAX_METADATA + 10))
+    assert w.stat().st_size < 100_000
+    with pytest.raises(AttnkitError, match=r"METADATA is [0-9]+ bytes"):
+        retag.metadata_bytes(w)
+
+
+def test_matrix_bounds_and_options_that_were_ignored(tmp_path, capsys):
+    f = _matrix(tmp_path, 'image: "nvidia/cuda:12.6.3-base-ubuntu24.04"', 'image: "' + "u" * 300 + '"')
+    code, err = run(["matrix", "--file", f], capsys)
+    one_line(code, err, 1, "image")
+    one_line(*run(["matrix", "--shards"], capsys), 2, "--shards")

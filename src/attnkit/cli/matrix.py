@@ -16,6 +16,8 @@ def _cmd_matrix(a: argparse.Namespace) -> int:
 
     m = load_matrix(a.file)
     cells = expand(m, CellFilter(torch=a.torch, cuda=a.cuda, python=a.python, package=a.package))
+    if a.shards and a.format != "github":
+        raise UsageError("--shards: only with --format github --package (one CI job per compile shard)")
     if a.format == "table":
         emit.print_table(m, cells)
     elif a.format == "json":

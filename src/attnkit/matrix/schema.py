@@ -138,7 +138,8 @@ class TorchRelease(_Strict):
 
 
 class ImageRef(_Strict):
-    image: str = Field(min_length=1, pattern=r"^[\x21-\x7e]+$")  # printable ASCII: no spaces or newlines
+    # printable ASCII: no spaces or newlines; 255 characters at most, the OCI distribution spec's repository bound
+    image: str = Field(min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$")
     digest: Digest = None
 
     def ref(self) -> str:

@@ -140,10 +140,21 @@ def parse_metadata(raw: bytes) -> dict[str, list[str]]:
     return out
 
 
+MAX_METADATA = 4 * 2**20  # flash-attn's METADATA is ~10 KiB; torch's, with its long description, ~50 KiB
+
+
 def metadata_bytes(wheel: Path) -> bytes:
     """The wheel's .dist-info/METADATA exactly as stored: what an index serves as `<wheel>.metadata` (PEP 658)."""
     with zipfile.ZipFile(wheel) as z:
         meta = next((n for n in z.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1), None)
         if meta is None:
             raise AttnkitError(f"{wheel.name}: no .dist-info/METADATA")
-        return z.read(meta)
+        size = z.getinfo(meta).file_size  # as declared; a zip bomb declares its real size or fails the read below
+        if size > MAX_METADATA:
+            raise AttnkitError(f"{wheel.name}: its METADATA is {size} bytes (at most {MAX_METADATA}: a package's "
+                               "metadata is a few KiB)")
+        with z.open(meta) as f:
+            data = f.read(MAX_METADATA + 1)
+        if len(data) > MAX_METADATA:
+            raise AttnkitError(f"{wheel.name}: its METADATA inflates past {MAX_METADATA} bytes")
+        return data
