@@ -120,3 +120,33 @@ def test_bind_runs_the_selected_kernel_on_new_tensors() -> None:
     assert attnkit.bind(q, k, k, causal=True, backend="sdpa_math").backend.name == "sdpa_math"
     with pytest.raises(ValueError, match="bind\\(\\): unknown option 'casual'"):
         attnkit.bind(q, k, k, casual=True)
+
+
+def test_cudnn_ragged_works_out_offsets_and_keyless_rows_once_per_bound_call(monkeypatch):
+    """The ragged offsets and the rows that see no key depend on cu_seqlens only: bind() makes them, the runner
+    is the kernel call and one index_fill (a stand-in kernel here: cuDNN needs an sm90 GPU)."""
+    import torch
+
+    from attnkit.runtime.backends import cudnn_ragged as cr
+    from attnkit.runtime.call import Inputs
+
+    made = {"meta": 0, "rows": 0}
+    real_meta, real_rows = cr._meta, cr.keyless_rows
+    monkeypatch.setattr(cr, "_meta", lambda *a: made.__setitem__("meta", made["meta"] + 1) or real_meta(*a))
+    monkeypatch.setattr(cr, "keyless_rows", lambda *a: made.__setitem__("rows", made["rows"] + 1) or real_rows(*a))
+
+    class Kernel:
+        @staticmethod
+        def apply(q, k, v, meta, s):
+            return torch.ones(q.shape[0], s.h, s.dv)
+
+    monkeypatch.setattr(cr, "_function", lambda: Kernel)
+    cu_q, cu_k = torch.tensor([0, 3, 7], dtype=torch.int32), torch.tensor([0, 0, 4], dtype=torch.int32)
+    q, k = torch.randn(7, 2, 8), torch.randn(4, 2, 8)
+    call, p = Inputs(q, k, k, causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=4,
+                     max_seqlen_k=4).prepare()
+    runner = cr.CudnnRagged().bind(call, p, q, k, k)
+    outs = [runner(q, k, k) for _ in range(3)]
+    assert made == {"meta": 1, "rows": 1}
+    for out in outs:  # sequence 0 has no keys: its 3 rows are zeros; sequence 1 (4 queries, 4 keys) is not
+        assert out[:3].abs().sum() == 0 and bool((out[3:] == 1).all())

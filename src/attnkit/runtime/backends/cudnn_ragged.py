@@ -19,7 +19,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from attnkit.runtime.backends.base import Backend, Limits
+from attnkit.runtime.backends.base import Backend, Limits, Runner
 from attnkit.runtime.call import AttentionCall, Params
 
 GRAPH_CACHE_SIZE = 64
@@ -207,17 +207,21 @@ class CudnnRagged(Backend):
             return [f"needs cuDNN >= {MIN_CUDNN} for ragged attention (torch has {have or 'no cuDNN'})"]
         return []
 
-    def compute(self, q: Any, k: Any, v: Any, call: AttentionCall, p: Params) -> Any:
+    def bind(self, call: AttentionCall, p: Params, q: Any, k: Any, v: Any) -> Runner:
+        """The graph's shape, the ragged offsets and the keyless rows, once per bound call (its signature holds
+        cu_seqlens by identity and version): the runner is the kernel call and, where some rows see no key,
+        one index_fill."""
         import torch
 
         s = _Shape(call, p.scale)
-        out = _function().apply(q, k, v, _meta(p.cu_seqlens_q, p.cu_seqlens_k, s), s)
-        if call.varlen_same:  # every row sees its own key: nothing to zero, no per-call walk over the lengths
-            return out
-        rows = keyless_rows(call.lengths_q or (), call.lengths_k or (), call.causal)
-        if rows:
-            out = out.index_fill(0, torch.tensor(rows, device=out.device), 0.0)
-        return out
+        meta = _meta(p.cu_seqlens_q, p.cu_seqlens_k, s)
+        fn = _function()
+        # varlen_same: every row sees its own key, nothing to zero
+        rows = [] if call.varlen_same else keyless_rows(call.lengths_q or (), call.lengths_k or (), call.causal)
+        if not rows:
+            return lambda q, k, v: fn.apply(q, k, v, meta, s)
+        index = torch.tensor(rows, device=q.device)
+        return lambda q, k, v: fn.apply(q, k, v, meta, s).index_fill(0, index, 0.0)
 
 
 def keyless_rows(lengths_q: tuple[int, ...], lengths_k: tuple[int, ...], causal: bool) -> list[int]:
