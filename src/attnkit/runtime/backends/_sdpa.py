@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from typing import Any, Literal
 
 from attnkit.runtime import layout
 from attnkit.runtime.backends.base import Backend, Limits, Runner
@@ -69,10 +69,10 @@ def _empty_rows_lower_right(sq: int, sk: int, device: Any) -> Any:
 class SdpaBackend(Backend):
     limits: Limits = Limits()  # one set of limits: torch's kernels do not differ per architecture here
     sdp_name: str | None = None  # torch.nn.attention.SDPBackend member to force; None = torch's own choice
-    # Where torch's CausalBias (lower_right) is exact for this kernel, so no dense mask is needed:
-    # "any", "wide" (only seqlen_q <= seqlen_k; measured wrong for sdpa_efficient when seqlen_q > seqlen_k
-    # on the H200, torch 2.11), or "none".
-    causal_bias: str = "any"
+    # Where torch's CausalBias (lower_right) is exact for this kernel, so no dense mask is needed: "always",
+    # "if_sq_le_sk" (measured wrong for sdpa_efficient when seqlen_q > seqlen_k on the H200, torch 2.11: rows
+    # that see no key), or "never"
+    lower_right_exact: Literal["always", "if_sq_le_sk", "never"] = "always"
 
     def extra_unavailable(self, probe: Any) -> list[str]:
         try:
@@ -84,7 +84,7 @@ class SdpaBackend(Backend):
         return []
 
     def _lower_right_ok(self, sq: int, sk: int) -> bool:
-        return self.causal_bias == "any" or (self.causal_bias == "wide" and sq <= sk)
+        return self.lower_right_exact == "always" or (self.lower_right_exact == "if_sq_le_sk" and sq <= sk)
 
     def bind(self, call: AttentionCall, p: Params, q: Any, k: Any, v: Any) -> Runner:
         import torch.nn.functional as F

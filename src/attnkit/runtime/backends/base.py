@@ -29,7 +29,7 @@ class Limits:
     head_dim_multiple: int = 1
     head_dim_v_differs: bool = False  # may v's head_dim differ from q/k's?
     gqa: Literal["native", "expand"] = "native"  # expand = k/v heads are materialised to q's count
-    padded: bool = True  # serves (batch, seqlen, ...) calls
+    dense: bool = True  # serves (batch, seqlen, ...) calls (False: packed varlen only)
     varlen: Literal["native", "padded", "no"] = "no"  # padded = unpack, mask, repack
     causal: bool = True
     window: bool = False
@@ -96,7 +96,7 @@ def reasons(limits: Limits | tuple[ArchLimits, ...], call: AttentionCall,
         out.append("needs v's head_dim equal to q's")
     if call.varlen and limits.varlen == "no":
         out.append("no varlen (cu_seqlens) support")
-    if not call.varlen and not limits.padded:
+    if not call.varlen and not limits.dense:
         out.append("serves only varlen (cu_seqlens) calls")
     if call.causal and not limits.causal:
         out.append("no causal support")

@@ -196,7 +196,7 @@ class CudnnRagged(Backend):
         max_head_dim=128,
         head_dim_multiple=8,
         gqa="native",
-        padded=False,
+        dense=False,
         varlen="native",
         deterministic_backward=True,
     )

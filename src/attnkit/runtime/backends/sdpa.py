@@ -15,7 +15,7 @@ from attnkit.runtime.backends.base import GRAPH_TRACES, Limits
 class Sdpa(SdpaBackend):
     name = "sdpa"
     sdp_name = None
-    causal_bias = "wide"  # rows that see no key (seqlen_q > seqlen_k) need attnkit's own mask, then zeros
+    lower_right_exact = "if_sq_le_sk"  # rows that see no key (seqlen_q > seqlen_k) need attnkit's own mask, then zeros
     limits = Limits(
         devices=frozenset({"cuda", "cpu"}),
         dtypes=frozenset({"float16", "bfloat16", "float32", "float64"}),

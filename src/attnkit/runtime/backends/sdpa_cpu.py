@@ -9,7 +9,7 @@ from attnkit.runtime.call import AttentionCall
 class SdpaCpu(SdpaBackend):
     name = "sdpa_cpu"
     sdp_name = "FLASH_ATTENTION"
-    causal_bias = "none"
+    lower_right_exact = "never"
     limits = Limits(
         devices=frozenset({"cpu"}),
         dtypes=frozenset({"float16", "bfloat16", "float32", "float64"}),

@@ -10,7 +10,7 @@ from attnkit.runtime.backends.base import GRAPH_TRACES, Limits
 class SdpaCudnn(SdpaBackend):
     name = "sdpa_cudnn"
     sdp_name = "CUDNN_ATTENTION"
-    causal_bias = "wide"
+    lower_right_exact = "if_sq_le_sk"
     limits = Limits(
         min_capability=(9, 0),  # torch enables cuDNN attention by default only from Hopper on
         dtypes=frozenset({"float16", "bfloat16"}),

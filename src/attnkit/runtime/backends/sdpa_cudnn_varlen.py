@@ -53,7 +53,7 @@ class SdpaCudnnVarlen(Backend):
         max_head_dim=256,
         head_dim_multiple=8,
         gqa="native",
-        padded=False,
+        dense=False,
         varlen="native",
         dropout=True,
     )

@@ -8,7 +8,7 @@ from attnkit.runtime.backends.base import GRAPH_TRACES, Limits
 class SdpaEfficient(SdpaBackend):
     name = "sdpa_efficient"
     sdp_name = "EFFICIENT_ATTENTION"
-    causal_bias = "wide"
+    lower_right_exact = "if_sq_le_sk"
     limits = Limits(
         min_capability=(5, 0),
         dtypes=frozenset({"float16", "bfloat16", "float32"}),

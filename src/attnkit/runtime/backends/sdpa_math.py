@@ -8,7 +8,7 @@ from attnkit.runtime.backends.base import GRAPH_TRACES, Limits
 class SdpaMath(SdpaBackend):
     name = "sdpa_math"
     sdp_name = "MATH"
-    causal_bias = "none"  # always attnkit's own mask: finite gradients for rows with no key
+    lower_right_exact = "never"  # always attnkit's own mask: finite gradients for rows with no key
     limits = Limits(
         devices=frozenset({"cuda", "cpu"}),
         dtypes=frozenset({"float16", "bfloat16", "float32", "float64"}),

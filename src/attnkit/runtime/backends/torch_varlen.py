@@ -26,7 +26,7 @@ class TorchVarlen(Backend):
         max_head_dim=256,
         head_dim_multiple=8,
         gqa="expand",
-        padded=False,
+        dense=False,
         varlen="native",
     )
 
