@@ -86,3 +86,12 @@ def test_make_inputs_layouts():
     b = make_inputs(Shape("d", 2, 4, 4, 3, 7, 8, dtype="bfloat16"), "cpu", host_rng=True)
     assert a.q.requires_grad and not b.q.requires_grad and a.k.shape == (2, 7, 4, 8)
     torch.testing.assert_close(a.q.detach().to(torch.bfloat16), b.q)  # host draws: the same numbers in every dtype
+
+
+def test_fa4s_window_mapping_and_output_unwrap_live_in_the_backend():
+    from attnkit.runtime.backends.flash_attn4 import fa4_window, output_of
+
+    assert fa4_window((-1, 0)) == (None, 0) and fa4_window((128, -1)) == (128, None)
+    assert output_of(("o", "lse")) == "o" and output_of("o") == "o"
+    bench = (ROOT / "src" / "attnkit" / "bench" / "candidates.py").read_text(encoding="utf-8")
+    assert "None if w < 0" not in bench and "type(out) is tuple" not in bench and "fa4_window(" in bench

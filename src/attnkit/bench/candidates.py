@@ -161,19 +161,20 @@ def _library_call(lib: str, c: Case) -> Callable[[], Any] | None:
     s, q, k, v = c.s, c.q, c.k, c.v
     scale = 1.0 / math.sqrt(s.head_dim)
     if lib == "flash_attn4":
+        from attnkit.runtime.backends.flash_attn4 import fa4_window, output_of
         from attnkit.runtime.loaders import load_fa4 as load
 
         fa = load()
         kw: dict[str, Any] = {"causal": s.causal}
         if s.window is not None:
-            kw["window_size"] = tuple(None if w < 0 else w for w in s.window)
+            kw["window_size"] = fa4_window(s.window)
         if s.softcap:
             kw["softcap"] = s.softcap
         if s.lengths is not None:
             m = max(s.lengths)
-            return lambda: _tensor_of(fa.flash_attn_varlen_func(q, k, v, cu_seqlens_q=c.cu, cu_seqlens_k=c.cu,
-                                                            max_seqlen_q=m, max_seqlen_k=m, **kw))
-        return lambda: _tensor_of(fa.flash_attn_func(q, k, v, **kw))
+            return lambda: output_of(fa.flash_attn_varlen_func(q, k, v, cu_seqlens_q=c.cu, cu_seqlens_k=c.cu,
+                                                           max_seqlen_q=m, max_seqlen_k=m, **kw))
+        return lambda: output_of(fa.flash_attn_func(q, k, v, **kw))
     if lib == "flex":  # torch's FlexAttention as its documentation shows: compiled once, a block mask built once
         if s.lengths is not None:
             return None
@@ -226,7 +227,3 @@ def _library_call(lib: str, c: Case) -> Callable[[], Any] | None:
         return lambda: fmha.memory_efficient_attention(q, k, v, attn_bias=bias)
     return None
 
-
-def _tensor_of(out: Any) -> Any:
-    """The output tensor of a call that returns (out, lse) in some releases."""
-    return out[0] if type(out) is tuple else out

@@ -34,6 +34,16 @@ from attnkit.runtime.call import AttentionCall, Params
 _COMMON = Limits(dtypes=frozenset({"float16", "bfloat16"}), head_dim_multiple=8, gqa="native", varlen="native",
                  window=True, softcap=True, traces=frozenset({"compile"}))
 
+def fa4_window(window: tuple[int, int]) -> tuple[int | None, int | None]:
+    """attnkit's -1 (unbounded) is FA4's None; both align the window bottom-right."""
+    return (None if window[0] < 0 else window[0], None if window[1] < 0 else window[1])
+
+
+def output_of(out: Any) -> Any:
+    """FA4's functions return (out, lse) in the 4.0 betas and out in others."""
+    return out[0] if type(out) is tuple else out
+
+
 class FlashAttn4(Backend):
     name = "flash_attn4"
     library = "flash-attn-4"
@@ -62,8 +72,8 @@ class FlashAttn4(Backend):
             return lambda q, k, v: op(q, k, v, *args)[0]
         fa = loaders.load_fa4()
         kw: dict[str, Any] = {"softmax_scale": p.scale, "causal": call.causal}
-        if p.window is not None:  # attnkit's -1 (unbounded) is FA4's None; both align bottom-right
-            kw["window_size"] = tuple(None if w < 0 else w for w in p.window)
+        if p.window is not None:
+            kw["window_size"] = fa4_window(p.window)
         if call.softcap:
             kw["softcap"] = p.softcap
         if call.deterministic:
@@ -76,6 +86,5 @@ class FlashAttn4(Backend):
             fn = fa.flash_attn_func
 
         def run(q: Any, k: Any, v: Any) -> Any:
-            out = fn(q, k, v, **kw)
-            return out[0] if type(out) is tuple else out  # (out, lse) in 4.0 betas, out in others
+            return output_of(fn(q, k, v, **kw))
         return run
