@@ -8,9 +8,9 @@ import math
 from pathlib import Path
 
 import pytest
+from test_hostile_inputs import run
 from wheelkit import make_wheel, verified
 
-from attnkit.cli import main
 from attnkit.errors import AttnkitError
 from attnkit.matrix.load import default_matrix_path
 
@@ -18,14 +18,6 @@ torch = pytest.importorskip("torch")
 
 KEY = "cu13torch2.11cxx11abiTRUE"
 MATRIX = default_matrix_path().read_text(encoding="utf-8")
-
-
-def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    return code, capsys.readouterr().err
 
 
 def one_line(code: int, err: str, want_code: int, *needles: str) -> None:
