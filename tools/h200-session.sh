@@ -31,7 +31,18 @@ job() {
   local ak="python3 -m attnkit.cli" i
   phase "smoke + oracle (own pick)"
   mkdir -p "$R/oracle"
-  (ATTNKIT_REPORT_DIR=$R $ak smoke --report "$R/smoke.json" > "$R/smoke.log" 2>&1; echo "smoke rc=$?" >> "$R/phases.log") &
+  # the smoke in 4 processes side by side: flex's rows (it compiles each signature: 12 of the 15 min on
+  # 2026-12-01) split over 3 by case, and every other row in the 4th
+  local groups j
+  groups=$(python3 -c "from attnkit.runtime.smoke import CASES; c = list(CASES); print(' '.join(','.join(c[i::3]) for i in range(3)))")
+  others=$(python3 -c "from attnkit.runtime.backends import REGISTRY; from attnkit.runtime.smoke import AUTO, COMPILED; print(' '.join('--backend ' + n for n in [*REGISTRY, AUTO, COMPILED] if n != 'flex'))")
+  j=0
+  for g in $groups; do
+    j=$((j + 1))
+    (ATTNKIT_REPORT_DIR=$R $ak smoke --backend flex $(echo "$g" | sed 's/^/--case /; s/,/ --case /g') \
+      --report "$R/smoke-flex-$j.json" > "$R/smoke-flex-$j.log" 2>&1; echo "smoke flex $j rc=$?" >> "$R/phases.log") &
+  done
+  (ATTNKIT_REPORT_DIR=$R $ak smoke $others --report "$R/smoke.json" > "$R/smoke.log" 2>&1; echo "smoke rc=$?" >> "$R/phases.log") &
   # 2026-12-01: 16 shards with every backend forced ran 461 cases in 300 s, the own pick alone ~20 cases/s:
   # the own pick over the whole grid first, then the forced backends for what is left of the budget
   local pids=()
@@ -85,7 +96,7 @@ job() {
 pack() {
   tar czf "$OUT/results.tar.gz" -C "$S" results 2>/dev/null
   tail -n 20 "$R/phases.log" 2>/dev/null
-  grep -E "^smoke:|FAILED" "$R/smoke.log" 2>/dev/null | head -20
+  grep -E "^smoke:|FAILED" "$R"/smoke*.log 2>/dev/null | head -20
   tail -n 2 "$R/tune/tune.log" 2>/dev/null | cut -c1-300
 }
 
