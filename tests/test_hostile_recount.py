@@ -181,3 +181,28 @@ def test_matrix_bounds_and_options_that_were_ignored(tmp_path, capsys):
     code, err = run(["matrix", "--file", f], capsys)
     one_line(code, err, 1, "image")
     one_line(*run(["matrix", "--shards"], capsys), 2, "--shards")
+
+
+def test_review_leftovers(tmp_path, capsys):
+    """Found by the review of the recount's fixes: each was a traceback, a wrong refusal or a wrong acceptance."""
+    from attnkit.runtime import warmup
+
+    cfg = tmp_path / "granite.json"  # Granite 4 hybrids: "attention" beside "mamba" layers
+    cfg.write_text(json.dumps({"num_attention_heads": 8, "hidden_size": 512, "layer_types": ["mamba", "attention"]}))
+    assert [s.window for s in warmup.shapes_from_model(str(cfg), 128, 1, None)] == [None, None, None]
+    for field, value in (("grid_cases", "x"), ("backends", [["a"]]), ("backends", 3), ("unavailable", ["x"]),
+                         ("seconds", "5")):
+        f = tmp_path / "o.json"
+        f.write_text(json.dumps({"cases": [], field: value}))
+        one_line(*run(["oracle", "--merge", str(f)], capsys), 2, field)
+    head = {"header": True, "environment": {"probe": {}}, "grid": {}, "shard": "1/1"}
+    row = {"shape": {"label": "x"}, "head_dim": 64, "log2_work": 30.0, "cell": {"fwd": "c"},
+           "ms": {"attnkit:a": {"fwd": {"sync": 0, "b2b": 0}}}}
+    t = tmp_path / "t.jsonl"
+    for bad in ({}, {"log2_work": 1e308}):
+        t.write_text(json.dumps(head) + "\n" + json.dumps({**row, **bad}) + "\n")
+        code, err = run(["tune", "--merge", str(t), "--table", str(tmp_path / "tab.json")], capsys)
+        assert "Traceback" not in err and code in (0, 2), err
+    f = tmp_path / "w.json"
+    f.write_text(json.dumps([{"heads": 4, "head_dim": 64, "seqlen": 128, "softcap": 1e7}]))
+    one_line(*run(["warmup", "--shapes", str(f), "--dry-run"], capsys), 1, "softcap")

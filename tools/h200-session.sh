@@ -33,13 +33,14 @@ job() {
   mkdir -p "$R/oracle"
   # the smoke in 4 processes side by side: flex's rows (it compiles each signature: 12 of the 15 min on
   # 2026-12-01) split over 3 by case, and every other row in the 4th
-  local groups j
+  local groups others j
   groups=$(python3 -c "from attnkit.runtime.smoke import CASES; c = list(CASES); print(' '.join(','.join(c[i::3]) for i in range(3)))")
   others=$(python3 -c "from attnkit.runtime.backends import REGISTRY; from attnkit.runtime.smoke import AUTO, COMPILED; print(' '.join('--backend ' + n for n in [*REGISTRY, AUTO, COMPILED] if n != 'flex'))")
+  if [ -z "$groups" ] || [ -z "$others" ]; then phase "smoke split: listing failed, one process"; groups=; others=; fi
   j=0
-  for g in $groups; do
+  for g in $groups; do   # flex compiles: 4 inductor threads each, beside the oracle's 16 single-threaded shards
     j=$((j + 1))
-    (ATTNKIT_REPORT_DIR=$R $ak smoke --backend flex $(echo "$g" | sed 's/^/--case /; s/,/ --case /g') \
+    (TORCHINDUCTOR_COMPILE_THREADS=4 ATTNKIT_REPORT_DIR=$R $ak smoke --backend flex $(echo "$g" | sed 's/^/--case /; s/,/ --case /g') \
       --report "$R/smoke-flex-$j.json" > "$R/smoke-flex-$j.log" 2>&1; echo "smoke flex $j rc=$?" >> "$R/phases.log") &
   done
   (ATTNKIT_REPORT_DIR=$R $ak smoke $others --report "$R/smoke.json" > "$R/smoke.log" 2>&1; echo "smoke rc=$?" >> "$R/phases.log") &
@@ -96,7 +97,7 @@ job() {
 pack() {
   tar czf "$OUT/results.tar.gz" -C "$S" results 2>/dev/null
   tail -n 20 "$R/phases.log" 2>/dev/null
-  grep -E "^smoke:|FAILED" "$R"/smoke*.log 2>/dev/null | head -20
+  grep -hE "^smoke:|FAILED" "$R"/smoke*.log 2>/dev/null | head -20
   tail -n 2 "$R/tune/tune.log" 2>/dev/null | cut -c1-300
 }
 

@@ -192,11 +192,16 @@ def scores(result: dict[str, Any], ps: str) -> dict[str, float]:
     modes (1.0 = fastest in both)."""
     prefix = "attnkit:"
     t = {n[len(prefix):]: v[ps] for n, v in result["ms"].items() if n.startswith(prefix) and ps in v
-         and n not in result.get("wrong", {})}
+         and n not in result.get("wrong", {}) and all(_positive(v[ps].get(m)) for m in ("sync", "b2b"))}
     if not t:
         return {}
     best = {m: min(v[m] for v in t.values()) for m in ("sync", "b2b")}
     return {n: max(v[m] / best[m] for m in ("sync", "b2b")) for n, v in t.items()}
+
+
+def _positive(x: Any) -> bool:
+    """A time that can rank: a finite number > 0 (a file edited by hand may hold 0, NaN or a string)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < float("inf")
 
 
 def ranked(score: dict[str, float]) -> list[str]:
@@ -320,7 +325,7 @@ def merge(files: list[Path], arch: str | None = None) -> dict[str, Any]:
     """The selection table from shard files (runtime/table.py's format), with provenance."""
     try:
         return _merge(files, arch)
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, ArithmeticError) as exc:
         raise UsageError(f"--merge: a line of {', '.join(map(str, files))[:200]} is not what `attnkit tune` writes "
                          f"({type(exc).__name__}: {first_line(exc, 80)})") from None
 
@@ -350,6 +355,9 @@ def _merge(files: list[Path], arch: str | None) -> dict[str, Any]:
     # combined: a backend's score is its mean over them, where it ran in all of them
     grouped: dict[tuple[str, int, float], list[tuple[dict[str, float], dict[str, Any], str]]] = {}
     for r in results:
+        if not (type(r.get("head_dim")) is int and 0 < r["head_dim"] <= 4096 and _positive(r.get("log2_work"))
+                and r["log2_work"] < 200):
+            raise ValueError(f"case {str(r.get('shape', {}).get('label'))[:60]}: head_dim / log2_work out of range")
         for ps, cell in r.get("cell", {}).items():
             sc = scores(r, ps)
             if sc:

@@ -142,6 +142,15 @@ def _dtype_name(t: Any) -> str:
 MAX_FACTOR = 1e6  # softmax_scale and softcap: beyond it scores overflow (NaN), or the cap caps nothing
 
 
+def _shown(x: Any) -> str:
+    """A value for an error line: short, and never an error itself (repr of a 5000-digit int raises)."""
+    try:
+        text = repr(x)
+    except ValueError:
+        return f"an int of {x.bit_length()} bits" if isinstance(x, int) else type(x).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 @dataclass(frozen=True)
 class Inputs:
     """One attention() call's arguments as given. Built once per call (attention(), its fallback, the bench
@@ -205,12 +214,12 @@ class Inputs:
         s = self.softmax_scale
         if s is not None and not (isinstance(s, (int, float)) and not isinstance(s, bool) and 0 < s <= MAX_FACTOR):
             raise _fail("softmax_scale", f"expected a positive number up to {MAX_FACTOR:g} (larger scores overflow), "
-                                         f"got {s!r}"[:200])
+                                         f"got {_shown(s)}")
         if not isinstance(self.dropout_p, (int, float)) or not 0.0 <= self.dropout_p < 1.0:
             raise _fail("dropout_p", f"must be in [0, 1), got {self.dropout_p}")
         if (not isinstance(self.softcap, (int, float)) or isinstance(self.softcap, bool)
                 or not 0 <= self.softcap <= MAX_FACTOR):
-            raise _fail("softcap", f"expected a number from 0 (off) up to {MAX_FACTOR:g}, got {self.softcap!r}"[:200])
+            raise _fail("softcap", f"expected a number from 0 (off) up to {MAX_FACTOR:g}, got {_shown(self.softcap)}")
         try:
             bool(self.causal)
         except (RuntimeError, TypeError, ValueError):  # a tensor of several values, ...

@@ -302,6 +302,9 @@ def merge(paths: list[str], out: str | None, quiet: bool = False) -> int:
         if bad is not None:
             raise UsageError(f"--merge: {path}: cases[{bad}] is not an oracle case (a 'case' tag and 'results' "
                              "whose outcomes are pass, fail or refused)")
+        field = _bad_report_field(docs[-1])
+        if field:
+            raise UsageError(f"--merge: {path}: {field} is not what `attnkit oracle` writes")
     by_tag: dict[str, dict[str, Any]] = {}
     for d in docs:  # one case from several reports (an own-pick pass and a forced pass): its results joined,
         for c in d["cases"]:  # a later report's result for a backend replacing an earlier one
@@ -330,6 +333,24 @@ def merge(paths: list[str], out: str | None, quiet: bool = False) -> int:
         write_atomic(Path(out), json.dumps(doc, indent=1))
     _print(doc, quiet, out)
     return 1 if any(r["fail"] for r in doc["counts"].values()) else 0
+
+
+def _bad_report_field(d: dict[str, Any]) -> str | None:
+    """The first report field merge() reads that has the wrong type (None: all as run_oracle writes them)."""
+    def number(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")
+
+    backends = d.get("backends")
+    if backends is not None and not (isinstance(backends, list) and all(isinstance(b, str) for b in backends)):
+        return "backends"
+    for name in ("grid_cases", "skipped_budget", "own_pick_only", "seconds"):
+        if name in d and not number(d[name]):
+            return name
+    una = d.get("unavailable")
+    if una is not None and not (isinstance(una, dict) and all(
+            isinstance(v, list) and all(isinstance(x, str) for x in v) for v in una.values())):
+        return "unavailable"
+    return None
 
 
 def _print(doc: dict[str, Any], quiet: bool, out: str | None) -> None:

@@ -20,11 +20,13 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
 
 from attnkit.errors import AttnkitError
+from attnkit.runtime.call import MAX_FACTOR
 from attnkit.runtime.shape import Shape, make_inputs
 
 DTYPES = ("float16", "bfloat16")
 
 
+FULL_KINDS = {"attention": "full_attention", "chunked_attention": "full_attention"}  # layer_types spellings
 INT_MAX = 2**31 - 1  # what attention() accepts for a size, a length or a window (int32 kernels)
 # strict: JSON `true` is not 1 head, 2.5 is not a length
 Count = Annotated[int, Strict(), Field(ge=1, le=INT_MAX)]
@@ -46,7 +48,7 @@ class WarmupShape(BaseModel):
     dtype: Literal["float16", "bfloat16"] = "bfloat16"
     causal: Annotated[bool, Strict()] = True
     window: tuple[Annotated[int, Strict(), Field(le=INT_MAX)], Annotated[int, Strict(), Field(le=INT_MAX)]] | None = None
-    softcap: Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)] = 0.0
+    softcap: Annotated[float, Strict(), Field(ge=0, le=MAX_FACTOR, allow_inf_nan=False)] = 0.0
     alibi: Annotated[bool, Strict()] = Field(False, description="ALiBi (flex compiles a kernel for it)")
     lengths: tuple[Count, ...] | None = Field(None, description="packed varlen: per-sequence lengths")
     train: Annotated[bool, Strict()] = True
@@ -181,8 +183,8 @@ def shapes_from_model(path: str, seqlen: int, batch: int, dtype: str | None) -> 
     softcap_raw = cfg.get("attn_logit_softcapping")
     if softcap_raw is None:
         softcap = 0.0
-    elif type(softcap_raw) not in (int, float) or not math.isfinite(softcap_raw) or softcap_raw < 0:
-        raise AttnkitError(f"--model {cfg_path}: attn_logit_softcapping: expected a finite number >= 0 (or null), "
+    elif type(softcap_raw) not in (int, float) or not math.isfinite(softcap_raw) or not 0 <= softcap_raw <= MAX_FACTOR:
+        raise AttnkitError(f"--model {cfg_path}: attn_logit_softcapping: expected a number from 0 to {MAX_FACTOR:g} (or null), "
                            f"got {softcap_raw!r}"[:300])
     else:
         softcap = float(softcap_raw)
@@ -195,12 +197,15 @@ def shapes_from_model(path: str, seqlen: int, batch: int, dtype: str | None) -> 
     attn_cfg: dict[str, Any] = cfg["attn_config"] if isinstance(cfg.get("attn_config"), dict) else {}
     alibi = cfg.get("model_type") == "bloom" or cfg.get("alibi") is True or attn_cfg.get("alibi") is True
     layer_types = cfg.get("layer_types") or []
-    known = ("full_attention", "sliding_attention")
-    if not isinstance(layer_types, list) or (layer_types and not any(t in known for t in layer_types)):
-        got = type(layer_types).__name__ if not isinstance(layer_types, list) else repr(layer_types[:3])
-        raise AttnkitError(f"--model {cfg_path}: layer_types: expected a list with 'full_attention' and/or "
-                           f"'sliding_attention' layers (other kinds are not attention calls attnkit makes), got "
-                           f"{got}"[:300])
+    if not isinstance(layer_types, list):
+        raise AttnkitError(f"--model {cfg_path}: layer_types: expected a list of layer kinds, got "
+                           f"{type(layer_types).__name__}")
+    # Granite 4 hybrids say "attention" (beside "mamba"); Llama 4's chunked layers warm as full attention, as
+    # they did before layer_types was read; linear and state-space layers make no attention call
+    layer_types = [FULL_KINDS.get(t, t) if isinstance(t, str) else t for t in layer_types]
+    if layer_types and not any(t in ("full_attention", "sliding_attention") for t in layer_types):
+        raise AttnkitError(f"--model {cfg_path}: layer_types: no attention layer ('full_attention', "
+                           f"'sliding_attention', 'attention', 'chunked_attention') in {layer_types[:4]!r}"[:300])
     windows: list[tuple[int, int] | None] = []
     if sw and (not layer_types or "sliding_attention" in layer_types):
         windows.append((sw - 1, 0))  # HF's window counts the query itself, as flash-attn's left + 1

@@ -273,7 +273,7 @@ def build_index(src: Path, out: Path, base_url: str | None = None, site_url: str
     + '.metadata'). `site_url`: where the site will be served, for absolute URLs in the landing page.
     `matrix`: its torch releases are keys a stable-ABI wheel is listed under. Returns one entry per key."""
     base_url = check_base_url(base_url)
-    site_url = check_base_url(site_url, "--site-url", "https://ORG.github.io/REPO/")
+    site_url = check_base_url(site_url or None, "--site-url", "https://ORG.github.io/REPO/")  # "": relative links
     check_out(src, out)
     found = collect(src)
     entries = expand_stable(found, matrix)
