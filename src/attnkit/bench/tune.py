@@ -357,7 +357,8 @@ def _merge(files: list[Path], arch: str | None) -> dict[str, Any]:
     for r in results:
         if not (type(r.get("head_dim")) is int and 0 < r["head_dim"] <= 4096 and _positive(r.get("log2_work"))
                 and r["log2_work"] < 200):
-            raise ValueError(f"case {str(r.get('shape', {}).get('label'))[:60]}: head_dim / log2_work out of range")
+            raise UsageError(f"--merge: case {str(r.get('shape', {}).get('label'))[:60]}: head_dim or log2_work is not "
+                             "what `attnkit tune` writes")
         for ps, cell in r.get("cell", {}).items():
             sc = scores(r, ps)
             if sc:

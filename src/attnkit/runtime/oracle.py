@@ -15,6 +15,7 @@ the same math done by PyTorch in the low precision (reordered ops), both against
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import itertools
 import json
@@ -133,7 +134,7 @@ def run_case(case: Case, ref: dict[str, Any], backends: list[str], device: str) 
 
     from attnkit.runtime.attention import attention
     from attnkit.runtime.call import Inputs
-    from attnkit.runtime.select import SELECTOR, NoBackendError
+    from attnkit.runtime.select import SELECTOR, NoBackendError, fell_back
 
     torch.random.manual_seed(0)
     dt = getattr(torch, case.dtype)
@@ -187,14 +188,13 @@ def run_case(case: Case, ref: dict[str, Any], backends: list[str], device: str) 
     results: dict[str, Any] = {}
     for name in backends:
         try:
-            if name == AUTO:  # an earlier case's fallback must not decide this pick (demotions are per bucket)
-                SELECTOR.reset()
-            with SELECTOR.fallbacks() as fell:
+            judged: contextlib.AbstractContextManager[list[str]] = (
+                SELECTOR.judged_pick() if name == AUTO else contextlib.nullcontext([]))  # a forced one never falls back
+            with judged as fell:
                 out = call(None if name == AUTO else name)
                 grads = torch.autograd.grad(out, (q, k, v), g)
             if fell:  # the pick raised and the next candidate answered: a failure of the pick, whatever the numbers
-                results[name] = {"outcome": "fail", "error": f"the pick fell back ({'; '.join(fell)})",
-                                 "selected": fell[0].split(":")[0]}
+                results[name] = {"outcome": "fail", "error": fell_back(fell), "selected": fell[0].split(":")[0]}
                 continue
         except NoBackendError as exc:
             lines = str(exc).splitlines()

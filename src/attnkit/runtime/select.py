@@ -48,6 +48,11 @@ def explain(call: AttentionCall, probe: Probe, names: list[str] | None = None) -
     return {n: REGISTRY[n].check(call, probe) for n in names}
 
 
+def fell_back(fell: list[str]) -> str:
+    """The verdict line of a pick that raised and was answered by the next candidate."""
+    return f"the pick fell back ({'; '.join(fell)})"
+
+
 def _format_all(call: AttentionCall, why: dict[str, list[str]], head: str) -> str:
     lines = [f"{head} ({call.describe()}):"]
     lines += [f"  {name}: {'; '.join(r) if r else 'ok'}" for name, r in why.items()]
@@ -134,6 +139,14 @@ class Selector:
             yield seen
         finally:
             open_blocks[:] = [b for b in open_blocks if b is not seen]  # by identity: nested blocks may be equal
+
+    @contextlib.contextmanager
+    def judged_pick(self) -> Iterator[list[str]]:
+        """A check of the pick itself (a smoke row, an oracle case): from no demotions (an earlier check's fallback
+        must not decide this one, and checks share shape buckets), with this block's fallbacks recorded."""
+        self.reset()
+        with self.fallbacks() as fell:
+            yield fell
 
     def demote(self, backend: str, call: AttentionCall, exc: BaseException) -> None:
         with self._lock:

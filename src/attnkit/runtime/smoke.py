@@ -88,7 +88,7 @@ def check(backend: str, case_name: str, dtype: str, device: str) -> dict[str, An
     from attnkit.runtime.attention import attention
     from attnkit.runtime.backends import REGISTRY
     from attnkit.runtime.probe import probe
-    from attnkit.runtime.select import SELECTOR, NoBackendError, select
+    from attnkit.runtime.select import SELECTOR, NoBackendError, fell_back, select
 
     entry: dict[str, Any] = {"backend": backend, "case": case_name, "dtype": dtype}
     inp = inputs(CASES[case_name], dtype, device)
@@ -96,11 +96,10 @@ def check(backend: str, case_name: str, dtype: str, device: str) -> dict[str, An
     try:
         call, params = inp.prepare()
         fn: Any = None
-        if backend in (AUTO, COMPILED):  # an earlier row's fallback must not decide this row's pick (demotions
-            SELECTOR.reset()             # are per shape bucket, and the rows share buckets)
         if backend == COMPILED:
             if case_name not in COMPILED_CASES:
                 return {**entry, "outcome": "skipped", "reason": f"{COMPILED}: run on {', '.join(COMPILED_CASES)}"}
+            SELECTOR.reset()  # an earlier row's fallback must not decide this row's pick (SELECTOR.judged_pick)
             try:
                 entry["selected"] = select(inp.describe("compile")).name
             except NoBackendError as exc:
@@ -114,15 +113,14 @@ def check(backend: str, case_name: str, dtype: str, device: str) -> dict[str, An
                                dynamic=True)
             out = fn(inp.q, inp.k, inp.v)
         elif backend == AUTO:
-            try:
-                entry["selected"] = select(call).name
-            except NoBackendError as exc:
-                return {**entry, "outcome": "skipped", "reason": f"{AUTO}: {_refusal(exc)}"}
-            with SELECTOR.fallbacks() as fell:
+            with SELECTOR.judged_pick() as fell:
+                try:
+                    entry["selected"] = select(call).name
+                except NoBackendError as exc:
+                    return {**entry, "outcome": "skipped", "reason": f"{AUTO}: {_refusal(exc)}"}
                 out = attention(inp.q, inp.k, inp.v, **_kwargs(inp))
             if fell:  # the pick raised and another backend answered: this machine's pick does not work here
-                entry.update(outcome="failed", error=f"the pick fell back ({'; '.join(fell)})",
-                             seconds=round(time.perf_counter() - t0, 4))
+                entry.update(outcome="failed", error=fell_back(fell), seconds=round(time.perf_counter() - t0, 4))
                 return entry
         else:
             why = REGISTRY[backend].check(call, probe())
