@@ -360,3 +360,23 @@ def test_import_attnkit_does_not_import_transformers():
         print(json.dumps({"transformers": "transformers" in sys.modules}))
     """)
     assert got == {"transformers": False}
+
+
+def test_bench_batches_padded_and_packed_predict_the_same_tokens():
+    """The integrations bench's training batches (bench/integrations.py batch_of): the padded batch and the same
+    sequences packed by DataCollatorWithFlattening give one loss on attnkit, and the full rows another."""
+    pytest.importorskip("transformers")
+    from attnkit.bench.integrations import batch_of
+
+    model = _tiny("Llama")
+    losses = {}
+    for kind in ("full", "padded", "packed"):
+        inputs = batch_of(kind, 3, 24, 128, "cpu")
+        with torch.no_grad():
+            losses[kind] = float(model(**inputs).loss)
+    packed = batch_of("packed", 3, 24, 128, "cpu")
+    assert packed["input_ids"].shape[0] == 1 and int(packed["cu_seq_lens_q"][-1]) == packed["input_ids"].shape[1]
+    assert abs(losses["padded"] - losses["packed"]) < 1e-5, losses
+    assert abs(losses["full"] - losses["padded"]) > 1e-4, losses  # the padding really removed tokens
+    with pytest.raises(ValueError, match="batch kind 'ragged'"):
+        batch_of("ragged", 3, 24, 128, "cpu")

@@ -509,3 +509,22 @@ def test_flex_backward_is_not_offered_to_a_graph():
     assert flex_mod.GRAPH_GRAD in REGISTRY["flex"].extra_reasons(c, (9, 0))
     assert REGISTRY["flex"].extra_reasons(replace(c, requires_grad=False), (9, 0)) == []
     assert REGISTRY["flex"].extra_reasons(replace(c, trace=None), (9, 0)) == []
+
+
+def test_validate_writes_each_shape_as_it_lands(tmp_path, monkeypatch):
+    """A --validate run stopped by its time limit keeps the shapes it measured (the report is rewritten per shape)."""
+    real, seen = tune.bench_shape, []
+
+    def bench_then_stop(s, *a, **k):
+        if seen:
+            raise KeyboardInterrupt  # what `timeout` does to the second shape
+        seen.append(s.label)
+        return real(s, *a, **k)
+
+    monkeypatch.setattr(tune, "bench_shape", bench_then_stop)
+    out = tmp_path / "validate.json"
+    with pytest.raises(KeyboardInterrupt):
+        tune.validate(out, quick=True, say=lambda *_: None)
+    doc = json.loads(out.read_text())
+    assert [r["shape"] for r in doc["shapes"]] == seen
+    assert doc["device"] == "cpu" and doc["summary"] and all(v["shapes"] == 1 for v in doc["summary"].values())

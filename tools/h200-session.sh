@@ -12,15 +12,17 @@
 #             (only between phases: a running one imports lazily and could see half of the copy)
 #   job       the phases, each writing under $S/results (a phase's failure is logged, the next one runs):
 #             smoke (beside the oracle); oracle: flash-attn's grid in 16 shards side by side, the own pick over
-#             the whole grid (ORACLE_OWN s), then every backend forced (ORACLE_FORCED s), merged; tune: the plan's JIT kernels compiled
-#             by 16 CPU shards (TUNE_COMPILE s), the timed sweep alone on the GPU (TUNE_BUDGET s), merged into
-#             sm90.json + PNG; --validate against that table; bench --compiled (COMPILED_S s)
+#             the whole grid (ORACLE_OWN s), then every backend forced (ORACLE_FORCED s), merged; the HF training
+#             step eager and compiled (HF_S s); bench --compiled (COMPILED_S s); tune: the plan's JIT kernels
+#             compiled by 16 CPU shards (TUNE_COMPILE s), the timed sweep alone on the GPU (TUNE_BUDGET s),
+#             merged into sm90.json + PNG; --validate against that table (VALIDATE_S s; it writes each shape as
+#             it lands)
 set -uo pipefail
 # everything this script writes and removes is under $S (its own folder), or /root/fa4 when that is a bundle half
 S=${ATTNKIT_SESSION_DIR:-/root/attnkit-session}
 OUT=${OUT:-/tmp/out}; R=$S/results; mkdir -p "$OUT" "$R"
 ORACLE_OWN=${ORACLE_OWN:-360}; ORACLE_FORCED=${ORACLE_FORCED:-300}; TUNE_COMPILE=${TUNE_COMPILE:-200}
-TUNE_BUDGET=${TUNE_BUDGET:-300}; COMPILED_S=${COMPILED_S:-240}; SHARDS=${SHARDS:-16}
+TUNE_BUDGET=${TUNE_BUDGET:-300}; VALIDATE_S=${VALIDATE_S:-240}; HF_S=${HF_S:-300}; COMPILED_S=${COMPILED_S:-240}; SHARDS=${SHARDS:-16}
 step=${1:-wait}
 
 phase() { echo "$(date +%T) $*" | tee -a "$R/phases.log"; }
@@ -67,6 +69,21 @@ job() {
   phase "oracle merged rc=$? ($(ls "$R"/oracle/shard-*.json 2>/dev/null | wc -l) shards)"
   [ -s "$R/oracle.json" ] && rm -f "$R"/oracle/shard-*.json "$R"/oracle/own-*.json   # merged; their logs stay
   wait   # the smoke: the compile shards' tensors (up to 64 GiB a case) would make its rows fail for want of memory
+  # the compile issue's HF step: a 2-layer Llama (GQA 16/4, D128), full / padded / packed batches, sdpa and
+  # attnkit, eager and compiled(fullgraph), with graph breaks counted (bench/integrations.py)
+  phase "integrations (HF step)"
+  timeout "$HF_S" $ak bench --integrations --out "$R/integrations.json" --layers 2 --only train_step \
+    > "$R/integrations.log" 2>&1
+  phase "integrations rc=$?"
+  # compiled vs eager before the sweep (both on the same selection, so the sweep's table does not change the
+  # ratio): the compile issue's baseline rows first (docs/results/2026-12-01-h200-compile-before-ops.json), then more JIT picks
+  phase "compiled"
+  timeout "$COMPILED_S" $ak bench --compiled --out "$R/compiled.json" \
+    --shape "train MHA D128 S4096 causal" --shape "train GQA 32/8 D128 S8192 causal" \
+    --shape "prefill Sq512 Sk4096 GQA 32/8 D128" --shape "window 1024 S4096 D128 causal" \
+    --shape "window 4096 GQA 32/8 S16384 causal" --shape "varlen GQA 32/8 D128 17-4096 causal" \
+    --shape "decode GQA 32/8 D128 Sk4096" --shape "train D96 S2048 causal" > "$R/compiled.log" 2>&1
+  phase "compiled rc=$?"
   phase "tune compile"
   mkdir -p "$R/tune"
   pids=()
@@ -82,15 +99,8 @@ job() {
   mkdir -p "$R/selection"
   $ak tune --merge "$R/tune.jsonl" --table "$R/selection/sm90.json" --png "$R/tune-winners.png" > "$R/tune/merge.log" 2>&1
   phase "tune merged rc=$?"
-  ATTNKIT_SELECTION_DIR=$R/selection $ak tune --validate --out "$R/validate.json" > "$R/validate.log" 2>&1
+  ATTNKIT_SELECTION_DIR=$R/selection timeout "$VALIDATE_S" $ak tune --validate --out "$R/validate.json" > "$R/validate.log" 2>&1
   phase "validate rc=$?"
-  # the compile issue's baseline rows first (docs/results/2026-12-01-h200-compile-before-ops.json), then more JIT picks
-  ATTNKIT_SELECTION_DIR=$R/selection timeout "$COMPILED_S" $ak bench --compiled --out "$R/compiled.json" \
-    --shape "train MHA D128 S4096 causal" --shape "train GQA 32/8 D128 S8192 causal" \
-    --shape "prefill Sq512 Sk4096 GQA 32/8 D128" --shape "window 1024 S4096 D128 causal" \
-    --shape "window 4096 GQA 32/8 S16384 causal" --shape "varlen GQA 32/8 D128 17-4096 causal" \
-    --shape "decode GQA 32/8 D128 Sk4096" --shape "train D96 S2048 causal" > "$R/compiled.log" 2>&1
-  phase "compiled rc=$?"
   phase "DONE"
 }
 

@@ -21,15 +21,21 @@ JIT_BACKENDS = ("flash_attn4", "flex", "flex_flash")
 KERNEL_WORDS = ("attn", "fmha", "flash", "cudnn", "sdpa", "sm90", "flex", "triton")
 
 
-def kernels(fn: Any) -> list[str]:
-    """The attention-looking CUDA kernels of one call of `fn` (forward, or forward+backward)."""
+def kernels(fn: Any) -> dict[str, Any]:
+    """One call of `fn` (forward, or forward+backward) under torch.profiler: its attention-looking CUDA kernels,
+    every other kernel with its count, and the summed GPU time. Equal GPU time with a slower wall time means the
+    gap is host work (wrappers, dispatch), not the graph's kernels."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    return sorted({e.key[:120] for e in prof.key_averages() if any(w in e.key.lower() for w in KERNEL_WORDS)})[:12]
+    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    attn = sorted({e.key[:120] for e in events if any(w in e.key.lower() for w in KERNEL_WORDS)})[:12]
+    return {"attention": attn,
+            "other": {e.key[:80]: e.count for e in events if e.key[:120] not in attn},
+            "gpu_us": round(sum(e.self_device_time_total for e in events), 1)}
 
 
 def compare(s: Shape, device: str = "cuda", iters: int = 10, rounds: int = 4) -> dict[str, Any]:
@@ -74,7 +80,10 @@ def compare(s: Shape, device: str = "cuda", iters: int = 10, rounds: int = 4) ->
             sync = interleaved(fns, device, iters=iters, seed=1)
             b2b = interleaved(fns, device, iters=rounds, calls=calls, seed=2)
             if device == "cuda":
-                row["kernels"][ps] = {n: kernels(fn) for n, fn in fns.items()}
+                try:  # a diagnosis beside the timings: a profiler failure must not cost the shape its row
+                    row["kernels"][ps] = {n: kernels(fn) for n, fn in fns.items()}
+                except RuntimeError as e:
+                    row["kernels"][ps] = {"error": f"torch.profiler: {e}"}
         row["ms"][ps] = {n: {"sync": round(sync[n] * 1e3, 4), "b2b": round(b2b[n] * 1e3, 4)} for n in fns}
         row["ratio"][ps] = {m: round((sync if m == "sync" else b2b)["eager"] / (sync if m == "sync" else b2b)
                                      ["compiled"], 3) for m in ("sync", "b2b")}

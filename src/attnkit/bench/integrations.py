@@ -27,65 +27,110 @@ def _median_ms(step: Any, iters: int, warmup: int = 3) -> float:
     return median_seconds(step, "cuda", warmup=warmup, iters=iters) * 1e3
 
 
-def train_steps(layers: int, tokens: int, batch: int, iters: int) -> dict[str, Any]:
+BATCHES = ("full", "padded", "packed")
+
+
+def batch_of(kind: str, batch: int, tokens: int, vocab: int, device: str) -> dict[str, Any]:
+    """One training batch: `full` rows; `padded` (right padding, lengths tokens/2..tokens, the first row full);
+    `packed`: the same sequences in one row by DataCollatorWithFlattening, its cu_seq_lens kwargs included.
+    Padded and packed predict the same tokens, so their losses must agree."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (batch, tokens), generator=g)
+    lengths = [tokens, *torch.randint(tokens // 2, tokens + 1, (batch - 1,), generator=g).tolist()]
+    if kind == "full":
+        out: dict[str, Any] = {"input_ids": ids, "labels": ids}
+    elif kind == "padded":
+        keep = torch.arange(tokens)[None, :] < torch.tensor(lengths)[:, None]
+        out = {"input_ids": ids, "attention_mask": keep.long(), "labels": ids.masked_fill(~keep, -100)}
+    elif kind == "packed":
+        from transformers import DataCollatorWithFlattening
+
+        rows = [{"input_ids": ids[i, :n].tolist()} for i, n in enumerate(lengths)]
+        out = dict(DataCollatorWithFlattening(return_flash_attn_kwargs=True)(rows, return_tensors="pt"))
+    else:
+        raise ValueError(f"batch kind {kind!r}: one of {', '.join(BATCHES)}")
+    return {k: v.to(device) if hasattr(v, "to") else v for k, v in out.items()}
+
+
+def train_steps(layers: int, tokens: int, batch: int, iters: int, device: str = "cuda",
+                hidden: int = 2048, kinds: tuple[str, ...] = BATCHES) -> dict[str, Any]:
+    """Per batch kind: a training step with HF's "sdpa", attnkit and "flash_attention_2" (where installed), eager
+    and torch.compile(fullgraph=True): step time, loss, graph breaks (torch._dynamo.explain) and attnkit's
+    backends. Keys are "<kind> <impl> <mode>"."""
     import torch
     import transformers
 
     import attnkit.integrations.transformers  # noqa: F401  (registers "attnkit")
     from attnkit.runtime import dispatch
 
-    config = transformers.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
-                                      num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=4,
-                                      max_position_embeddings=tokens)
+    heads = max(2, hidden // 128)
+    config = transformers.LlamaConfig(vocab_size=32000, hidden_size=hidden, intermediate_size=hidden * 11 // 4,
+                                      num_hidden_layers=layers, num_attention_heads=heads,
+                                      num_key_value_heads=max(1, heads // 4), max_position_embeddings=tokens * batch)
     torch.manual_seed(0)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-    model = model.to("cuda", torch.bfloat16).train()
-    ids = torch.randint(0, config.vocab_size, (batch, tokens), device="cuda")
-    out: dict[str, Any] = {"model": {"layers": layers, "hidden": 2048, "heads": 16, "kv_heads": 4, "head_dim": 128,
-                                     "batch": batch, "tokens": tokens, "dtype": "bfloat16", "params_m":
-                                     round(sum(p.numel() for p in model.parameters()) / 1e6, 1)},
-                           "steps_ms": {}, "loss": {}, "absent": {}, "compile_s": {}}
+    model = model.to(device, dtype).train()
+    out: dict[str, Any] = {"model": {"layers": layers, "hidden": hidden, "heads": heads,
+                                     "kv_heads": config.num_key_value_heads, "head_dim": hidden // heads,
+                                     "batch": batch, "tokens": tokens, "dtype": str(dtype).removeprefix("torch."),
+                                     "params_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 1)},
+                           "steps_ms": {}, "loss": {}, "absent": {}, "compile_s": {}, "graph_breaks": {},
+                           "attnkit_backends": {}}
 
-    def step_fn(fwd: Any) -> Any:
+    def step_fn(fwd: Any, inputs: dict[str, Any]) -> Any:
         def step() -> Any:
             model.zero_grad(set_to_none=True)
-            loss = fwd(input_ids=ids, labels=ids).loss
+            loss = fwd(**inputs).loss
             loss.backward()
             return loss
         return step
 
-    impls = ["sdpa", "attnkit", "flash_attention_2"]
-    for impl in impls:
-        try:
-            model.set_attn_implementation(impl)
-        except Exception as exc:  # flash-attn not installed: a result, not a crash
-            out["absent"][impl] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-            continue
-        for mode in ("eager", "compiled"):
-            name = f"{impl} {mode}"
-            fwd = model
-            if mode == "compiled":
-                torch._dynamo.reset()
-                fwd = torch.compile(model, fullgraph=True)
-            step = step_fn(fwd)
+    for kind in kinds:
+        inputs = batch_of(kind, batch, tokens, config.vocab_size, device)
+        for impl in ("sdpa", "attnkit", "flash_attention_2"):
             try:
-                t0 = time.perf_counter()
-                loss = step()
-                torch.cuda.synchronize()
-                if mode == "compiled":
-                    out["compile_s"][name] = round(time.perf_counter() - t0, 1)
-                out["loss"][name] = float(loss)
-                out["steps_ms"][name] = round(_median_ms(step, iters), 3)
-            except Exception as exc:
-                out["absent"][name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-        if impl == "attnkit":
-            out["attnkit_backends"] = sorted({b.backend.name for b in dispatch.bound_calls()})
-    ms = out["steps_ms"]
-    base = ms.get("sdpa eager")
-    if base:
-        out["speedup_vs_sdpa_eager"] = {k: round(base / v, 3) for k, v in ms.items()}
-    if "attnkit eager" in ms and "attnkit compiled" in ms:
-        out["attnkit_compiled_vs_eager"] = round(ms["attnkit eager"] / ms["attnkit compiled"], 3)
+                model.set_attn_implementation(impl)
+            except Exception as exc:  # flash-attn not installed: a result, not a crash
+                out["absent"][f"{kind} {impl}"] = f"{type(exc).__name__}: {first_line(exc)[:200]}"
+                continue
+            dispatch.invalidate()
+            for mode in ("eager", "compiled"):
+                name = f"{kind} {impl} {mode}"
+                fwd = model
+                try:
+                    if mode == "compiled":
+                        torch._dynamo.reset()
+                        explained = torch._dynamo.explain(model)(**inputs)
+                        out["graph_breaks"][name] = {"count": explained.graph_break_count,
+                                                     "reasons": [first_line(b.reason)[:200]
+                                                                 for b in explained.break_reasons][:5]}
+                        torch._dynamo.reset()
+                        fwd = torch.compile(model, fullgraph=True)
+                    step = step_fn(fwd, inputs)
+                    t0 = time.perf_counter()
+                    loss = step()
+                    if device == "cuda":
+                        torch.cuda.synchronize()
+                    if mode == "compiled":
+                        out["compile_s"][name] = round(time.perf_counter() - t0, 1)
+                    out["loss"][name] = float(loss)
+                    out["steps_ms"][name] = round(median_seconds(step, device, warmup=3, iters=iters) * 1e3, 3)
+                except Exception as exc:
+                    out["absent"][name] = f"{type(exc).__name__}: {first_line(exc)[:300]}"
+            if impl == "attnkit":
+                out["attnkit_backends"][kind] = sorted({b.backend.name for b in dispatch.bound_calls()})
+    ms, loss = out["steps_ms"], out["loss"]
+    out["speedup_vs_sdpa_eager"] = {k: round(ms[f"{k.split()[0]} sdpa eager"] / v, 3) for k, v in ms.items()
+                                    if f"{k.split()[0]} sdpa eager" in ms}
+    out["attnkit_compiled_vs"] = {
+        kind: {base: round(ms[f"{kind} {base}"] / ms[f"{kind} attnkit compiled"], 3)
+               for base in ("attnkit eager", "sdpa compiled", "sdpa eager") if f"{kind} {base}" in ms}
+        for kind in kinds if f"{kind} attnkit compiled" in ms}
+    out["loss_vs_sdpa_eager"] = {k: round(v - loss[f"{k.split()[0]} sdpa eager"], 5) for k, v in loss.items()
+                                 if f"{k.split()[0]} sdpa eager" in loss}
     return out
 
 

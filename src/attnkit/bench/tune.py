@@ -412,7 +412,8 @@ def validation_shapes(quick: bool) -> list[Shape]:
 def validate(out: Path | None, quick: bool = False, say: Any = print) -> dict[str, Any]:
     device = measuring_device("tune --validate")
     quick = quick or device == "cpu"
-    rows = []
+    rows: list[dict[str, Any]] = []
+    env = environment()
     for s in validation_shapes(quick):
         r = bench_shape(s, device, iters=3 if quick else 10, rounds=2 if quick else 4)
         row = {"shape": s.label, "selected": r["selected_by_pass"], "decided_by": r["row"], "ratios": {}}
@@ -424,15 +425,18 @@ def validate(out: Path | None, quick: bool = False, say: Any = print) -> dict[st
                                                                                          0.0), 3)}
         rows.append(row)
         say(f"validate {s.label}: {json.dumps(row['ratios'])}")
+        if out is not None:  # each shape as it lands: a run stopped by its time limit keeps what it measured
+            write_atomic(out, json.dumps(_validation_report(rows, env, device), indent=1, default=str))
+    return _validation_report(rows, env, device)
+
+
+def _validation_report(rows: list[dict[str, Any]], env: dict[str, Any], device: str) -> dict[str, Any]:
     summary = {}
     for key in sorted({k for r in rows for k in r["ratios"]}):
         vals = [r["ratios"][key]["selected_over_oracle"] for r in rows if key in r["ratios"]]
         summary[key] = {"geomean": round(math.exp(statistics.fmean(math.log(v) for v in vals)), 3),
                         "min": min(vals), "shapes": len(vals)}
-    report = {"environment": environment(), "device": device, "shapes": rows, "summary": summary,
-              "candidates_note": f"oracle = fastest correct candidate among every forced backend, the libraries' "
-                                 f"own calls and {PLAIN}; selected = {AUTO}"}
-    if out is not None:
-        write_atomic(out, json.dumps(report, indent=1, default=str))
-    return report
+    return {"environment": env, "device": device, "shapes": rows, "summary": summary,
+            "candidates_note": f"oracle = fastest correct candidate among every forced backend, the libraries' "
+                               f"own calls and {PLAIN}; selected = {AUTO}"}
 
