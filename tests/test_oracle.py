@@ -184,3 +184,35 @@ def test_an_own_pick_that_falls_back_is_a_fail(tmp_path: Path, monkeypatch: pyte
     doc = json.loads((tmp_path / "b.json").read_text())
     assert rc == 1 and doc["counts"]["attnkit"]["fail"] == len(doc["cases"]) >= 1
     assert doc["cases"][0]["results"]["attnkit"]["error"] == f"the pick fell back ({name}: RuntimeError: illegal memory access)"
+
+
+def test_claiming_processes_share_the_grid_and_merge_to_its_whole(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """--claims: each kernel configuration runs in exactly one process; merged, the pass covers the selection,
+    and what no process claimed (budget spent) counts as left by the budget."""
+    words = ["dense", "mha", "local=False", "alibi=False", "sq=113", "sk=203"]
+    claims, reports = tmp_path / "claims", []
+    for worker in (1, 2):
+        monkeypatch.setattr(oracle.os, "getpid", lambda w=worker: 1000 + w)
+        reports.append(tmp_path / f"w{worker}.json")
+        oracle.run_oracle(REF, out=str(reports[-1]), backends=["attnkit"], words=words, quiet=True,
+                          claims=str(claims))
+    first, second = (json.loads(r.read_text()) for r in reports)
+    assert first["cases"] and not second["cases"]  # the first took every group; nothing was left to claim
+    assert first["pass_grid_cases"] == second["pass_grid_cases"] == len(first["cases"])
+    merged = tmp_path / "m.json"
+    assert oracle.merge([str(r) for r in reports], str(merged), quiet=True) == 0
+    doc = json.loads(merged.read_text())
+    assert doc["grid_cases"] == len(first["cases"]) and doc["skipped_budget"] == 0
+    assert set(doc["passes"][0]) >= {"grid_cases", "cases", "skipped_budget"} and "whole" not in doc["passes"][0]
+    # a worker whose budget is spent claims nothing: the pass reports those cases as left
+    late = tmp_path / "late.json"
+    oracle.run_oracle(REF, out=str(late), backends=["attnkit"], words=words, quiet=True,
+                      claims=str(tmp_path / "claims2"), budget=0.0)
+    doc = json.loads(late.read_text())
+    assert doc["cases"] == [] and doc["grid_cases"] == 0 and not list((tmp_path / "claims2").iterdir())
+    oracle.merge([str(late)], str(merged), quiet=True)
+    assert json.loads(merged.read_text())["skipped_budget"] == len(first["cases"])
+    assert oracle.claim(claims, 10**6) and not oracle.claim(claims, 10**6)  # a group is taken once
+    with pytest.raises(UsageError, match="--claims: takes the place of --shard"):
+        oracle.run_oracle(REF, backends=["attnkit"], words=words, quiet=True, claims=str(claims), shard=(1, 2))

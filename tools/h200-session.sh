@@ -11,7 +11,7 @@
 #             REFRESH=1 first copies this call's src/ to $S/src: phases not yet started run the fixed code
 #             (only between phases: a running one imports lazily and could see half of the copy)
 #   job       the phases, each writing under $S/results (a phase's failure is logged, the next one runs):
-#             smoke (beside the oracle); oracle: flash-attn's grid in 16 shards side by side, the own pick over
+#             smoke (beside the oracle); oracle: flash-attn's grid in 16 processes side by side, the own pick over
 #             the whole grid (ORACLE_OWN s), then every backend forced (ORACLE_FORCED s), merged; the HF training
 #             step eager and compiled (HF_S s); bench --compiled (COMPILED_S s); tune: the plan's JIT kernels
 #             compiled by 16 CPU shards (TUNE_COMPILE s), the timed sweep alone on the GPU (TUNE_BUDGET s),
@@ -47,10 +47,12 @@ job() {
   done
   (ATTNKIT_REPORT_DIR=$R $ak smoke $others --report "$R/smoke.json" > "$R/smoke.log" 2>&1; echo "smoke rc=$?" >> "$R/phases.log") &
   # 2026-12-01: 16 shards with every backend forced ran 461 cases in 300 s, the own pick alone ~20 cases/s:
-  # the own pick over the whole grid first, then the forced backends for what is left of the budget
+  # the own pick over the whole grid first, then the forced backends for what is left of the budget. The 16
+  # processes claim kernel configurations from one folder per pass (oracle --claims): static shards finished in
+  # 212-436 s, and the heaviest ones left the same 94 cases in two sessions
   local pids=()
   for i in $(seq 1 "$SHARDS"); do
-    TORCHINDUCTOR_COMPILE_THREADS=1 $ak oracle --tests "$S/ref/test_flash_attn.py" --shard "$i/$SHARDS" \
+    TORCHINDUCTOR_COMPILE_THREADS=1 $ak oracle --tests "$S/ref/test_flash_attn.py" --claims "$R/oracle/claims-own" \
       --backend attnkit --budget "$ORACLE_OWN" --out "$R/oracle/own-$i.json" > "$R/oracle/own-$i.log" 2>&1 < /dev/null &
     pids+=($!)
   done
@@ -60,14 +62,14 @@ job() {
   forced=$(python3 -c "from attnkit.runtime.backends import REGISTRY; print(' '.join('--backend ' + n for n in REGISTRY))")
   pids=()
   for i in $(seq 1 "$SHARDS"); do
-    TORCHINDUCTOR_COMPILE_THREADS=1 $ak oracle --tests "$S/ref/test_flash_attn.py" --shard "$i/$SHARDS" \
+    TORCHINDUCTOR_COMPILE_THREADS=1 $ak oracle --tests "$S/ref/test_flash_attn.py" --claims "$R/oracle/claims-forced" \
       $forced --budget "$ORACLE_FORCED" --out "$R/oracle/shard-$i.json" > "$R/oracle/shard-$i.log" 2>&1 < /dev/null &
     pids+=($!)
   done
   wait "${pids[@]}"
   $ak oracle --merge "$R"/oracle/own-*.json "$R"/oracle/shard-*.json --out "$R/oracle.json" > "$R/oracle-merge.log" 2>&1
   phase "oracle merged rc=$? ($(ls "$R"/oracle/shard-*.json 2>/dev/null | wc -l) shards)"
-  [ -s "$R/oracle.json" ] && rm -f "$R"/oracle/shard-*.json "$R"/oracle/own-*.json   # merged; their logs stay
+  [ -s "$R/oracle.json" ] && rm -rf "$R"/oracle/shard-*.json "$R"/oracle/own-*.json "$R"/oracle/claims-*   # merged; logs stay
   wait   # the smoke: the compile shards' tensors (up to 64 GiB a case) would make its rows fail for want of memory
   # the compile issue's HF step: a 2-layer Llama (GQA 16/4, D128), full / padded / packed batches, sdpa and
   # attnkit, eager and compiled(fullgraph), with graph breaks counted (bench/integrations.py)

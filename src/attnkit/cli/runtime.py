@@ -59,7 +59,8 @@ def _cmd_oracle(a: argparse.Namespace) -> int:
         raise UsageError("--tests: required (flash-attention's tests/test_flash_attn.py, or a checkout holding it); "
                          "or --merge REPORT... to join shard reports")
     return run_oracle(a.tests, out=a.out, budget=a.budget, shard=a.shard, backends=a.backend,
-                      words=a.filter.split(",") if a.filter else None, forced_budget=a.forced_budget)
+                      words=a.filter.split(",") if a.filter else None, forced_budget=a.forced_budget,
+                      claims=a.claims)
 
 
 def _cmd_tune(a: argparse.Namespace) -> int:
@@ -161,6 +162,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     orc.add_argument("--forced-budget", type=_seconds_arg, help="after this many seconds, the rest of the cases run "
                      "attention()'s own pick only (the forced backends keep the sample done so far)")
     orc.add_argument("--shard", type=_shard_arg, help="I/N: run the I-th of N parts (split by kernel configuration)")
+    orc.add_argument("--claims", metavar="DIR", help="instead of --shard: processes sharing DIR each run the kernel "
+                     "configurations they claim first, so all stay busy until the grid is done (one DIR per pass)")
     orc.add_argument("--backend", action="append", help="only this backend ('attnkit': attention()'s pick); repeatable")
     orc.add_argument("--filter", help="keep cases whose tag holds every comma-separated word, e.g. varlen,alibi=True")
     orc.add_argument("--merge", nargs="+", metavar="REPORT", help="join shard reports into one (--out)")

@@ -20,6 +20,7 @@ import hashlib
 import itertools
 import json
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +81,17 @@ def select_cases(cases: list[Case], shard: tuple[int, int] | None, words: list[s
         groups = {g: n for n, g in enumerate(dict.fromkeys(c.group for c in grid()))}
         cases = [c for c in cases if groups[c.group] % count == index - 1]
     return cases
+
+
+def claim(claims: Path, group: int) -> bool:
+    """Take kernel configuration `group` for this process: True once, for the first process that asks. Static
+    shards finish unevenly (2026-12-01, H200: 212-436 s for 16 shards of one grid, the same 94 varlen cases never
+    reached in two sessions); workers that claim groups from one folder all stay busy until the grid is done."""
+    try:
+        os.close(os.open(claims / str(group), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return False
+    return True
 
 
 def load_reference(path: str) -> dict[str, Any]:
@@ -233,10 +245,12 @@ def counts(cases: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
 
 def run_oracle(tests: str, out: str | None = None, budget: float = 600.0, shard: tuple[int, int] | None = None,
                backends: list[str] | None = None, words: list[str] | None = None, quiet: bool = False,
-               forced_budget: float | None = None) -> int:
+               forced_budget: float | None = None, claims: str | None = None) -> int:
     """Run the grid (or a shard of it) within `budget` seconds; 1 if any backend answered a case wrongly.
     After `forced_budget` seconds the remaining cases run attention()'s own pick only: the check users rely on
-    covers the whole grid even where a budget leaves the forced backends a sample of it."""
+    covers the whole grid even where a budget leaves the forced backends a sample of it. With `claims` (a
+    folder shared by the processes of one pass) each process runs the kernel configurations it claims first
+    (see claim()) instead of a fixed shard."""
     import torch
 
     from attnkit._io import write_atomic
@@ -255,12 +269,31 @@ def run_oracle(tests: str, out: str | None = None, budget: float = 600.0, shard:
     wanted = backends or [AUTO, *REGISTRY]
     unavailable = {n: REGISTRY[n].unavailable(p) for n in wanted if n != AUTO}
     run = [n for n in wanted if n == AUTO or not unavailable[n]]
+    claim_dir = None
+    if claims is not None:
+        if shard is not None:
+            raise UsageError("--claims: takes the place of --shard (the processes share the grid); give one of them")
+        claim_dir = Path(claims)
+        try:
+            claim_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"--claims: {claims}: cannot create the folder ({type(exc).__name__})") from None
     cases = select_cases(grid(), shard, words)
     if device == "cpu":  # a dry run: small cases a CPU does in seconds
         cases = [c for c in cases if c.sq <= 128 and c.sk <= 256 and c.d in (32, 59) and c.dtype == "float16"]
-    t0, done, skipped, own_only = time.monotonic(), [], 0, 0
+    whole = len(cases)
+    groups = {g: n for n, g in enumerate(dict.fromkeys(c.group for c in grid()))}
+    mine: dict[int, bool] = {}
+    t0, done, skipped, own_only, taken = time.monotonic(), [], 0, 0, 0
     for case in cases:
         spent = time.monotonic() - t0
+        if claim_dir is not None:
+            g = groups[case.group]
+            if g not in mine:  # once the budget is spent a process claims nothing: the rest is the pass's leftover
+                mine[g] = spent <= budget and claim(claim_dir, g)
+            if not mine[g]:
+                continue
+            taken += 1
         if spent > budget:
             skipped += 1
             continue
@@ -274,7 +307,8 @@ def run_oracle(tests: str, out: str | None = None, budget: float = 600.0, shard:
            "rule": "output error <= 2x, gradient errors <= 3x the error of PyTorch's low-precision math "
                    "(flash-attn's tests), both against the fp32 reference",
            "shard": list(shard) if shard else None, "backends": run, "filter": words, "budget_s": budget,
-           "seconds": round(time.monotonic() - t0, 1), "grid_cases": len(cases), "skipped_budget": skipped,
+           "seconds": round(time.monotonic() - t0, 1), "grid_cases": taken if claim_dir else len(cases),
+           "skipped_budget": skipped, **({"claims": str(claim_dir), "worker": os.getpid(), "pass_grid_cases": whole} if claim_dir else {}),
            "forced_budget_s": forced_budget, "own_pick_only": own_only,
            "unavailable": {n: r for n, r in unavailable.items() if r}, "counts": counts(done), "cases": done}
     if out:
@@ -310,7 +344,9 @@ def merge(paths: list[str], out: str | None, quiet: bool = False) -> int:
         for c in d["cases"]:  # a later report's result for a backend replacing an earlier one
             by_tag.setdefault(c["case"], {"case": c["case"], "results": {}})["results"].update(c["results"])
     cases = list(by_tag.values())
-    latest = {(tuple(d.get("backends") or ("?",)), str(d.get("shard"))): d for d in docs}  # a re-run shard: its last
+    # a re-run shard: its last report; claiming processes are one part each
+    latest = {(tuple(d.get("backends") or ("?",)), str(d.get("shard")), str(d.get("claims")), str(d.get("worker"))): d
+              for d in docs}
     passes: dict[tuple[str, ...], dict[str, Any]] = {}  # reports of one backend list: the shards of one pass
     for d in latest.values():
         key = tuple(d.get("backends") or ("?",))
@@ -318,6 +354,12 @@ def merge(paths: list[str], out: str | None, quiet: bool = False) -> int:
         p["grid_cases"] += d.get("grid_cases", len(d["cases"]))
         p["cases"] += len(d["cases"])
         p["skipped_budget"] += d.get("skipped_budget", 0)
+        if "pass_grid_cases" in d:  # claiming processes: what none of them claimed is left by the budget too
+            p["whole"] = max(p.get("whole", 0), d["pass_grid_cases"])
+    for p in passes.values():
+        whole = p.pop("whole", None)
+        if whole is not None:
+            p["grid_cases"], p["skipped_budget"] = whole, max(0, whole - p["cases"])
     grid_cases = max(p["grid_cases"] for p in passes.values())
     doc = {**{k: v for k, v in docs[0].items() if k not in ("cases", "counts", "shard", "backends")},
            "merged": [{"shard": d.get("shard"), "backends": d.get("backends"), "seconds": d.get("seconds"),
@@ -343,7 +385,7 @@ def _bad_report_field(d: dict[str, Any]) -> str | None:
     backends = d.get("backends")
     if backends is not None and not (isinstance(backends, list) and all(isinstance(b, str) for b in backends)):
         return "backends"
-    for name in ("grid_cases", "skipped_budget", "own_pick_only", "seconds"):
+    for name in ("grid_cases", "skipped_budget", "own_pick_only", "seconds", "pass_grid_cases"):
         if name in d and not number(d[name]):
             return name
     una = d.get("unavailable")
