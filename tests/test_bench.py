@@ -133,3 +133,14 @@ def test_compiled_against_eager_side_by_side_on_cpu():
     if not torch.cuda.is_available():
         with pytest.raises(UsageError, match="needs a CUDA GPU"):
             compiled.run_compiled("/nonexistent/x.json")
+
+
+def test_host_profile_names_where_a_calls_host_time_goes():
+    from attnkit.bench import compiled
+
+    def slow_python():  # own time in a named function, so it must lead the table
+        return sum(i * i for i in range(20000))
+
+    prof = compiled.host_profile(slow_python, "cpu", calls=5, top=3)
+    assert prof["us_per_call"] > 0 and len(prof["top_own_us"]) == 3
+    assert any("slow_python" in name or "genexpr" in name for name in prof["top_own_us"])

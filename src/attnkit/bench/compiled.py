@@ -1,6 +1,8 @@
 """`attnkit bench --compiled`: torch.compile(fullgraph=True) of attention() against the same call eager, side by
 side in one run (the compile issue's parity check). Per shape: the eager pick, the kernels the compiled graph
-runs (torch.profiler), and compiled / eager speed forward and fwd+bwd in both timing modes of bench.timer.
+runs with their summed GPU time (torch.profiler), where each call's host time goes (cProfile), and compiled /
+eager speed forward and fwd+bwd in both timing modes of bench.timer; on CUDA also the same graph under CUDA
+graphs (mode="reduce-overhead": `ratio_cudagraphs`, or the capture's error)
 Shapes: the bench suite's whose eager pick is a JIT backend a graph used to lose (FlashAttention-4, flex), or
 the ones named with --shape."""
 
@@ -38,6 +40,28 @@ def kernels(fn: Any) -> dict[str, Any]:
             "gpu_us": round(sum(e.self_device_time_total for e in events), 1)}
 
 
+def host_profile(fn: Any, device: str, calls: int = 20, top: int = 12) -> dict[str, Any]:
+    """Where the host time of `calls` back-to-back calls goes (cProfile; one sync at the end): the functions with
+    the most own time, in us a call. Beside equal GPU time (kernels()), this names the layer a slower compiled
+    call spends its time in (dynamo's guards, AOTAutograd's wrappers, the custom op's dispatch, FA4's launch)."""
+    import cProfile
+    import pstats
+
+    from attnkit.bench.timer import sync
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    sync(device)
+    prof.disable()
+    st = pstats.Stats(prof)
+    rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:top]  # type: ignore[attr-defined]
+    return {"us_per_call": round(st.total_tt / calls * 1e6, 1),  # type: ignore[attr-defined]
+            "top_own_us": {f"{Path(f).name}:{line}({name})": round(tt / calls * 1e6, 1)
+                           for (f, line, name), (_cc, _nc, tt, _ct, _callers) in rows}}
+
+
 def compare(s: Shape, device: str = "cuda", iters: int = 10, rounds: int = 4) -> dict[str, Any]:
     """One shape: eager and compiled raced side by side; outputs compared (kernels listed on CUDA)."""
     import torch
@@ -54,12 +78,16 @@ def compare(s: Shape, device: str = "cuda", iters: int = 10, rounds: int = 4) ->
 
     torch._dynamo.reset()
     compiled = torch.compile(f, fullgraph=True)
+    # CUDA graphs (the compile issue's item 4): the same graph replayed, which takes the host out of the call
+    graphed = torch.compile(f, fullgraph=True, mode="reduce-overhead") if device == "cuda" else None
     row: dict[str, Any] = {"shape": s.label, "eager_pick": {}, "compile_s": {}, "ms": {}, "ratio": {},
                            "kernels": {}, "max_abs_diff": {}}
     for ps in ("fwd", "fwdbwd") if s.train else ("fwd",):
         grad = ps == "fwdbwd"
         row["eager_pick"][ps] = select(c.call(grad), probe()).name
         fns = {"eager": lambda: f(c.q, c.k, c.v), "compiled": lambda: compiled(c.q, c.k, c.v)}
+        if graphed is not None:
+            fns["cudagraphs"] = lambda: graphed(c.q, c.k, c.v)
         if grad:
             fns = {n: c.step(fn, n) for n, fn in fns.items()}
         with torch.set_grad_enabled(grad):
@@ -75,6 +103,14 @@ def compare(s: Shape, device: str = "cuda", iters: int = 10, rounds: int = 4) ->
                 continue
             row["max_abs_diff"][ps] = float((outs["compiled"].detach().float() - ref["eager"].detach().float())
                                             .abs().max())
+            if "cudagraphs" in fns:  # its outputs live in the graph's pool: compared at once, before a replay
+                g_out, g_err = warm({"cudagraphs": fns["cudagraphs"]}, device, times=3)
+                if g_err:
+                    row.setdefault("cudagraphs_errors", {})[ps] = g_err["cudagraphs"]
+                    del fns["cudagraphs"]
+                else:
+                    row.setdefault("cudagraphs_max_abs_diff", {})[ps] = float(
+                        (g_out["cudagraphs"].detach().float() - ref["eager"].detach().float()).abs().max())
             one = interleaved(fns, device, iters=2)
             calls = max(3, min(200, int(4e-3 / max(1e-6, min(one.values())))))
             sync = interleaved(fns, device, iters=iters, seed=1)
@@ -84,9 +120,13 @@ def compare(s: Shape, device: str = "cuda", iters: int = 10, rounds: int = 4) ->
                     row["kernels"][ps] = {n: kernels(fn) for n, fn in fns.items()}
                 except RuntimeError as e:
                     row["kernels"][ps] = {"error": f"torch.profiler: {e}"}
+                row.setdefault("host", {})[ps] = {n: host_profile(fn, device) for n, fn in fns.items()}
         row["ms"][ps] = {n: {"sync": round(sync[n] * 1e3, 4), "b2b": round(b2b[n] * 1e3, 4)} for n in fns}
         row["ratio"][ps] = {m: round((sync if m == "sync" else b2b)["eager"] / (sync if m == "sync" else b2b)
                                      ["compiled"], 3) for m in ("sync", "b2b")}
+        if "cudagraphs" in fns:
+            row.setdefault("ratio_cudagraphs", {})[ps] = {
+                m: round(t["eager"] / t["cudagraphs"], 3) for m, t in (("sync", sync), ("b2b", b2b))}
     return row
 
 
