@@ -119,3 +119,20 @@ def test_base_url_must_be_http(project: Path, url: str, capsys: pytest.CaptureFi
                     capsys)
     assert code == 2 and "--base-url" in err and len(err.splitlines()) == 1
     assert not (project / "site").exists()
+
+
+@pytest.mark.parametrize("label", ["evil", "cpu", f"{KEY}.evil", "cu13torch2.11"])
+def test_only_labels_of_the_pipeline_become_index_keys(project: Path, label: str,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A verified wheel whose local label the pipeline never writes would become an index of its own: refused,
+    in one line naming the wheel; the pipeline's test-build labels (arch subset, trim) still index."""
+    house = project / "wheelhouse"
+    bad = verified(make_wheel(house, name="other_pkg", version=f"1.0+{label}"))
+    code, err = run(["index", "build", str(house), "--out", str(project / "site")], capsys)
+    assert code == 1 and len(err.splitlines()) == 1 and bad.name in err and "not a label" in err
+    assert not (project / "site").exists()
+    bad.unlink()
+    verified(make_wheel(house, name="other_pkg", version=f"1.0+{KEY}.sm90.trim0123abcd"))
+    code, err = run(["index", "build", str(house), "--out", str(project / "site")], capsys)
+    assert code == 0, err
+    assert (project / "site" / f"{KEY}.sm90.trim0123abcd" / "simple").is_dir()  # its own key: never the cell's

@@ -149,6 +149,17 @@ def parse_stable_local(local: str) -> tuple[str, str, tuple[str, ...]] | None:
     return m.group(1).lower(), m.group(2), tuple(re.findall(r"sm\d+(?:ptx)?", m.group(3).lower()))
 
 
+_PIPELINE_LOCAL = re.compile(r"cu[0-9]+torch[0-9]+\.[0-9]+(?:cxx11abi(?:true|false)(?:\.(?:sm[0-9]+(?:ptx)?)+)?"
+                             r"|stable\.(?:sm[0-9]+(?:ptx)?)+)(?:\.trim[0-9a-f]{8})?", flags=re.IGNORECASE)
+
+
+def is_pipeline_label(local: str) -> bool:
+    """Whether `local` is a label this module writes: a cell's (wheel_local_version, with its test-build arch subset),
+    a stable-ABI build's (stable_local_version), either with options_marker's trim. Only those become index keys:
+    any other label that a file name carries would make an index nobody asked for."""
+    return _PIPELINE_LOCAL.fullmatch(local) is not None
+
+
 def stable_serves(local: str, key: str) -> bool:
     """Whether the stable-ABI wheel labelled `local` serves the environment key `key`: same CUDA major and the
     key's torch at or above the wheel's floor (any C++ ABI: the stable ABI is C)."""

@@ -152,6 +152,10 @@ def collect(src: Path) -> list[Entry]:
         key = local_label(w.name)
         if key:
             _safe_part(key, "local version label", w.name)
+            if not naming.is_pipeline_label(key):
+                raise AttnkitError(f"{w.name}: +{key} is not a label attnkit's pipeline writes "
+                                   "(cu13torch2.11cxx11abiTRUE, optionally .sm90 or .trim<hash>, or a stable-ABI "
+                                   "cu13torch2.9stable.sm80sm90); index keys come only from those")
             if naming.parse_stable_local(key) is not None and "abi3" not in w.name.rsplit("-", 2)[-2]:
                 raise AttnkitError(f"{w.name}: a stable-ABI label (+{key}) on a wheel not tagged abi3; only "
                                    "limited-API wheels serve several torch minors")
