@@ -37,7 +37,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
     max_seqlen_q/k. `causal` is bottom-right aligned. `window=(left, right)` (-1 = unbounded) is a sliding
     window around that diagonal. `softcap` > 0 caps scores as softcap * tanh(score / softcap) (Gemma 2).
     `alibi_slopes`: float32 (heads,) or (batch, heads). `attn_bias`: additive, broadcastable to
-    (batch, heads, seqlen_q, seqlen_k). Rows that see no key return zeros.
+    (batch, heads, seqlen_q, seqlen_k). Rows that see no key return zeros. cu_seqlens, slopes and bias are
+    cached by identity and torch's in-place version: change them with torch ops, not through `.data`.
     `backend` (or $ATTNKIT_BACKEND) forces one backend and fails with its reasons if it cannot serve.
     Returns a tensor shaped like q with v's head_dim. Differentiable. Inside torch.compile (fullgraph too),
     torch.export and torch.jit.trace the chosen kernel is recorded into the graph (runtime/graph.py).
