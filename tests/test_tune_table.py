@@ -528,3 +528,23 @@ def test_validate_writes_each_shape_as_it_lands(tmp_path, monkeypatch):
     doc = json.loads(out.read_text())
     assert [r["shape"] for r in doc["shapes"]] == seen
     assert doc["device"] == "cpu" and doc["summary"] and all(v["shapes"] == 1 for v in doc["summary"].values())
+
+
+def test_the_timed_run_measures_what_compile_only_compiled_first(tmp_path, monkeypatch):
+    """compile-only (with the timed run's --out) lists each case it compiled beside that file; the timed run takes
+    those first, so its budget is spent timing, not compiling (a 320 s case on the H200, 2026-12-01)."""
+    out = tmp_path / "t.jsonl"
+    todo = [s.label for s in tune.plan(tune.QUICK)]
+    monkeypatch.setattr(tune, "_compile_case", lambda s, device: 0)
+    tune.compile_only(quick=True, shard=(2, 3), say=lambda *_: None, skip_done=out)
+    listed = tune.compiled_labels(out)
+    assert listed == set(todo[1::3]) and tune.compiled_path(out).name == "t.jsonl.compiled"
+    timed = []
+
+    def bench(s, *a, **k):
+        timed.append(s.label)
+        return {"shape": {"label": s.label}, "ms": {}}
+
+    monkeypatch.setattr(tune, "bench_shape", bench)
+    tune.run(out, quick=True, max_cases=len(listed) + 1, say=lambda *_: None)
+    assert set(timed[:len(listed)]) == listed and timed[len(listed)] == todo[0]  # then the plan's order

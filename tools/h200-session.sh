@@ -17,6 +17,8 @@
 #             compiled by 16 CPU shards (TUNE_COMPILE s), the timed sweep alone on the GPU (TUNE_BUDGET s),
 #             merged into sm90.json + PNG; --validate against that table (VALIDATE_S s; it writes each shape as
 #             it lands)
+# every `timeout` also kills (-k 15) 15 s after its TERM: a TERM'd compile waits for inductor's workers (session 4's
+# 120 s compile phase took 237 s)
 set -uo pipefail
 # everything this script writes and removes is under $S (its own folder), or /root/fa4 when that is a bundle half
 S=${ATTNKIT_SESSION_DIR:-/root/attnkit-session}
@@ -74,13 +76,13 @@ job() {
   # the compile issue's HF step: a 2-layer Llama (GQA 16/4, D128), full / padded / packed batches, sdpa and
   # attnkit, eager and compiled(fullgraph), with graph breaks counted (bench/integrations.py)
   phase "integrations (HF step)"
-  timeout "$HF_S" $ak bench --integrations --out "$R/integrations.json" --layers 2 --only train_step \
+  timeout -k 15 "$HF_S" $ak bench --integrations --out "$R/integrations.json" --layers 2 --only train_step \
     > "$R/integrations.log" 2>&1
   phase "integrations rc=$?"
   # compiled vs eager before the sweep (both on the same selection, so the sweep's table does not change the
   # ratio): the compile issue's baseline rows first (docs/results/2026-12-01-h200-compile-before-ops.json), then more JIT picks
   phase "compiled"
-  timeout "$COMPILED_S" $ak bench --compiled --out "$R/compiled.json" \
+  timeout -k 15 "$COMPILED_S" $ak bench --compiled --out "$R/compiled.json" \
     --shape "train MHA D128 S4096 causal" --shape "train GQA 32/8 D128 S8192 causal" \
     --shape "prefill Sq512 Sk4096 GQA 32/8 D128" --shape "window 1024 S4096 D128 causal" \
     --shape "window 4096 GQA 32/8 S16384 causal" --shape "varlen GQA 32/8 D128 17-4096 causal" \
@@ -90,7 +92,7 @@ job() {
   mkdir -p "$R/tune"
   pids=()
   for i in $(seq 1 "$SHARDS"); do
-    TORCHINDUCTOR_COMPILE_THREADS=1 timeout "$TUNE_COMPILE" $ak tune --compile-only --shard "$i/$SHARDS" \
+    TORCHINDUCTOR_COMPILE_THREADS=1 timeout -k 15 "$TUNE_COMPILE" $ak tune --compile-only --shard "$i/$SHARDS" \
       --out "$R/tune.jsonl" --resume > "$R/tune/compile-$i.log" 2>&1 < /dev/null &   # skips what TUNE_FROM has
     pids+=($!)
   done
@@ -101,7 +103,7 @@ job() {
   mkdir -p "$R/selection"
   $ak tune --merge "$R/tune.jsonl" --table "$R/selection/sm90.json" --png "$R/tune-winners.png" > "$R/tune/merge.log" 2>&1
   phase "tune merged rc=$?"
-  ATTNKIT_SELECTION_DIR=$R/selection timeout "$VALIDATE_S" $ak tune --validate --out "$R/validate.json" > "$R/validate.log" 2>&1
+  ATTNKIT_SELECTION_DIR=$R/selection timeout -k 15 "$VALIDATE_S" $ak tune --validate --out "$R/validate.json" > "$R/validate.log" 2>&1
   phase "validate rc=$?"
   phase "DONE"
 }
