@@ -136,3 +136,18 @@ def test_only_labels_of_the_pipeline_become_index_keys(project: Path, label: str
     code, err = run(["index", "build", str(house), "--out", str(project / "site")], capsys)
     assert code == 0, err
     assert (project / "site" / f"{KEY}.sm90.trim0123abcd" / "simple").is_dir()  # its own key: never the cell's
+
+
+def test_pipeline_labels_are_exactly_what_naming_writes() -> None:
+    from attnkit.matrix import naming as n
+
+    trim = n.options_marker((("FLASH_ATTENTION_DISABLE_FP8", "TRUE"),))
+    written = [n.wheel_local_version("13.0", "2.11", True), n.wheel_local_version("12.6", "2.8", False, "sm90"),
+               n.wheel_local_version("12.6", "2.8", False, "sm80sm90") + f".{trim}",
+               n.stable_local_version("13.0", "2.9", ["8.0", "9.0+PTX"]),
+               n.stable_local_version("13.0", "2.9", ["9.0"], trim), "cu13torch2.11cxx11abitrue"]  # PEP 440 lower
+    assert all(n.is_pipeline_label(x) for x in written), written
+    for odd in ("evil", f"{KEY}.evil", "cpu", "cu13torch2.11", f"{KEY}.trimXYZ", "cu\uff11\uff13torch2.11cxx11abiTRUE",
+                f"{KEY}\n", "cu13torch2.9stable", f"{KEY}.{trim}.sm90", "cu13torch2.9stable.sm90.sm80"):
+        assert not n.is_pipeline_label(odd), odd
+    assert n.parse_local_version("cu\uff11\uff13torch2.11cxx11abiTRUE") is None  # ASCII digits only

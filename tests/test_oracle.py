@@ -188,23 +188,35 @@ def test_an_own_pick_that_falls_back_is_a_fail(tmp_path: Path, monkeypatch: pyte
 
 def test_claiming_processes_share_the_grid_and_merge_to_its_whole(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """--claims: each kernel configuration runs in exactly one process; merged, the pass covers the selection,
-    and what no process claimed (budget spent) counts as left by the budget."""
-    words = ["dense", "mha", "local=False", "alibi=False", "sq=113", "sk=203"]
-    claims, reports = tmp_path / "claims", []
-    for worker in (1, 2):
-        monkeypatch.setattr(oracle.os, "getpid", lambda w=worker: 1000 + w)
-        reports.append(tmp_path / f"w{worker}.json")
-        oracle.run_oracle(REF, out=str(reports[-1]), backends=["attnkit"], words=words, quiet=True,
-                          claims=str(claims))
-    first, second = (json.loads(r.read_text()) for r in reports)
-    assert first["cases"] and not second["cases"]  # the first took every group; nothing was left to claim
-    assert first["pass_grid_cases"] == second["pass_grid_cases"] == len(first["cases"])
+    """--claims: each kernel configuration runs in exactly one process; merged, the pass covers the selection
+    once, beside a sharded pass of the same backend too, and what no process claimed (budget spent) is left."""
+    words = ["dense", "mha", "local=False", "alibi=False", "sq=113", "sk=203", "d=32"]
+    claims, real = tmp_path / "claims", oracle.claim
+    # the first process takes every other configuration it reaches (as if another were faster to the rest)
+    met: list[int] = []
+    monkeypatch.setattr(oracle, "claim", lambda d, g, w="": bool(met.append(g) or len(met) % 2) and real(d, g, w))
+    first_out, second_out = tmp_path / "w1.json", tmp_path / "w2.json"
+    oracle.run_oracle(REF, out=str(first_out), backends=["attnkit"], words=words, quiet=True, claims=str(claims))
+    monkeypatch.setattr(oracle, "claim", real)
+    oracle.run_oracle(REF, out=str(second_out), backends=["attnkit"], words=words, quiet=True, claims=str(claims))
+    first, second = (json.loads(r.read_text()) for r in (first_out, second_out))
+    a, b = ({c["case"] for c in d["cases"]} for d in (first, second))
+    assert a and b and not a & b  # a real split, nothing run twice
+    whole = first["pass_grid_cases"]
+    assert whole == second["pass_grid_cases"] == len(a | b) and first["worker"] != second["worker"]
+    takers = [f.read_text() for f in claims.iterdir()]  # each claim names the process that took it
+    assert set(takers) == {first["worker"], second["worker"]}
     merged = tmp_path / "m.json"
-    assert oracle.merge([str(r) for r in reports], str(merged), quiet=True) == 0
+    assert oracle.merge([str(first_out), str(second_out)], str(merged), quiet=True) == 0
     doc = json.loads(merged.read_text())
-    assert doc["grid_cases"] == len(first["cases"]) and doc["skipped_budget"] == 0
-    assert set(doc["passes"][0]) >= {"grid_cases", "cases", "skipped_budget"} and "whole" not in doc["passes"][0]
+    assert doc["grid_cases"] == whole and doc["skipped_budget"] == 0 and len(doc["cases"]) == whole
+    assert not {"claims", "worker", "pass_grid_cases"} & set(doc)  # a merged report is no claiming process
+    # a sharded pass of the same backend over the same cases: each case still counts once
+    sharded = tmp_path / "s.json"
+    oracle.run_oracle(REF, out=str(sharded), backends=["attnkit"], words=words, quiet=True)
+    oracle.merge([str(first_out), str(second_out), str(sharded)], str(merged), quiet=True)
+    p = json.loads(merged.read_text())["passes"][0]
+    assert (p["cases"], p["grid_cases"], p["skipped_budget"]) == (whole, whole, 0)
     # a worker whose budget is spent claims nothing: the pass reports those cases as left
     late = tmp_path / "late.json"
     oracle.run_oracle(REF, out=str(late), backends=["attnkit"], words=words, quiet=True,
@@ -212,7 +224,16 @@ def test_claiming_processes_share_the_grid_and_merge_to_its_whole(tmp_path: Path
     doc = json.loads(late.read_text())
     assert doc["cases"] == [] and doc["grid_cases"] == 0 and not list((tmp_path / "claims2").iterdir())
     oracle.merge([str(late)], str(merged), quiet=True)
-    assert json.loads(merged.read_text())["skipped_budget"] == len(first["cases"])
-    assert oracle.claim(claims, 10**6) and not oracle.claim(claims, 10**6)  # a group is taken once
+    assert json.loads(merged.read_text())["skipped_budget"] == whole
+    assert oracle.claim(claims, 10**6, "w") and not oracle.claim(claims, 10**6, "v")  # a group is taken once
+    assert (claims / str(10**6)).read_text() == "w"  # and names who took it
     with pytest.raises(UsageError, match="--claims: takes the place of --shard"):
         oracle.run_oracle(REF, backends=["attnkit"], words=words, quiet=True, claims=str(claims), shard=(1, 2))
+
+
+def test_claimed_work_goes_heaviest_configuration_first() -> None:
+    cases = oracle.by_group_heaviest_first(oracle.grid())
+    groups = list(dict.fromkeys(c.group for c in cases))
+    assert len(groups) == len({c.group for c in cases})  # one configuration after another
+    cost = {g: sum(c.sq * c.sk * c.d for c in cases if c.group == g) for g in groups[:1] + groups[-1:]}
+    assert cost[groups[0]] >= cost[groups[-1]] and sorted(c.tag for c in cases) == sorted(c.tag for c in oracle.grid())

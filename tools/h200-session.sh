@@ -126,7 +126,7 @@ case $step in
     OUT=$OUT bash tools/h200-runtime.sh install || exit 1
     rm -rf "$S/src" "$R" && mkdir -p "$R" && cp -r src "$S/src"   # a warm machine's earlier run: not this one's
     cp "$OUT/nvidia-smi.txt" "$R/" 2>/dev/null
-    # TUNE_FROM=<an earlier session's tune .jsonl in the tree>: the timed sweep resumes it (936 cases do not fit
+    # TUNE_FROM=<an earlier session's tune .jsonl in the tree>: the timed sweep resumes it (976 cases do not fit
     # one session: 22 ran in 3.5 min on 2026-12-01)
     if [ -n "${TUNE_FROM:-}" ]; then cp "$TUNE_FROM" "$R/tune.jsonl" || exit 1; fi
     setsid nohup bash "$0" job > "$R/job.log" 2>&1 < /dev/null &

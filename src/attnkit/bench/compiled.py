@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from attnkit._io import write_atomic
 from attnkit.bench.candidates import Case
 from attnkit.bench.shapes import Shape, named, suite
 from attnkit.bench.timer import interleaved, warm, warm_gpu
-from attnkit.errors import UsageError
+from attnkit.errors import UsageError, first_line
 
 JIT_BACKENDS = ("flash_attn4", "flex", "flex_flash")
 KERNEL_WORDS = ("attn", "fmha", "flash", "cudnn", "sdpa", "sm90", "flex", "triton")
@@ -35,15 +36,20 @@ def kernels(fn: Any) -> dict[str, Any]:
         torch.cuda.synchronize()
     events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
     attn = sorted({e.key[:120] for e in events if any(w in e.key.lower() for w in KERNEL_WORDS)})[:12]
-    return {"attention": attn,
-            "other": {e.key[:80]: e.count for e in events if e.key[:120] not in attn},
+    other: Counter[str] = Counter()
+    for e in events:
+        if e.key[:120] not in attn:
+            other[e.key[:80]] += e.count
+    return {"attention": attn, "other": dict(other),
             "gpu_us": round(sum(e.self_device_time_total for e in events), 1)}
 
 
 def host_profile(fn: Any, device: str, calls: int = 20, top: int = 12) -> dict[str, Any]:
-    """Where the host time of `calls` back-to-back calls goes (cProfile; one sync at the end): the functions with
-    the most own time, in us a call. Beside equal GPU time (kernels()), this names the layer a slower compiled
-    call spends its time in (dynamo's guards, AOTAutograd's wrappers, the custom op's dispatch, FA4's launch)."""
+    """Where the host time of `calls` back-to-back calls goes (cProfile, stopped before the closing sync, so the
+    wait for the GPU is not in it): the functions with the most own time, in us a call. Beside equal GPU time
+    (kernels()), this names the layer a slower compiled call spends its time in (dynamo's guards, AOTAutograd's
+    wrappers, the custom op's dispatch, FA4's launch). cProfile's own cost is in the figures, and weighs more on
+    the path with more Python calls: compare layers, not totals."""
     import cProfile
     import pstats
 
@@ -53,8 +59,8 @@ def host_profile(fn: Any, device: str, calls: int = 20, top: int = 12) -> dict[s
     prof.enable()
     for _ in range(calls):
         fn()
-    sync(device)
     prof.disable()
+    sync(device)
     st = pstats.Stats(prof)
     rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:top]  # type: ignore[attr-defined]
     return {"us_per_call": round(st.total_tt / calls * 1e6, 1),  # type: ignore[attr-defined]
@@ -103,14 +109,17 @@ def compare(s: Shape, device: str = "cuda", iters: int = 10, rounds: int = 4) ->
                 continue
             row["max_abs_diff"][ps] = float((outs["compiled"].detach().float() - ref["eager"].detach().float())
                                             .abs().max())
-            if "cudagraphs" in fns:  # its outputs live in the graph's pool: compared at once, before a replay
-                g_out, g_err = warm({"cudagraphs": fns["cudagraphs"]}, device, times=3)
-                if g_err:
-                    row.setdefault("cudagraphs_errors", {})[ps] = g_err["cudagraphs"]
-                    del fns["cudagraphs"]
-                else:
+            if "cudagraphs" in fns:  # its outputs live in the graph's pool until the next replay: one more call,
+                _, g_err = warm({"cudagraphs": fns["cudagraphs"]}, device, times=3)  # compared before any other
+                try:
+                    if g_err:
+                        raise RuntimeError(g_err["cudagraphs"])
+                    got = fns["cudagraphs"]().detach().float()
                     row.setdefault("cudagraphs_max_abs_diff", {})[ps] = float(
-                        (g_out["cudagraphs"].detach().float() - ref["eager"].detach().float()).abs().max())
+                        (got - ref["eager"].detach().float()).abs().max())
+                except Exception as e:  # a capture that fails is this variant's result, not the shape's end
+                    row.setdefault("cudagraphs_errors", {})[ps] = f"{type(e).__name__}: {first_line(e)}"
+                    del fns["cudagraphs"]
             one = interleaved(fns, device, iters=2)
             calls = max(3, min(200, int(4e-3 / max(1e-6, min(one.values())))))
             sync = interleaved(fns, device, iters=iters, seed=1)
@@ -118,9 +127,9 @@ def compare(s: Shape, device: str = "cuda", iters: int = 10, rounds: int = 4) ->
             if device == "cuda":
                 try:  # a diagnosis beside the timings: a profiler failure must not cost the shape its row
                     row["kernels"][ps] = {n: kernels(fn) for n, fn in fns.items()}
-                except RuntimeError as e:
-                    row["kernels"][ps] = {"error": f"torch.profiler: {e}"}
-                row.setdefault("host", {})[ps] = {n: host_profile(fn, device) for n, fn in fns.items()}
+                    row.setdefault("host", {})[ps] = {n: host_profile(fn, device) for n, fn in fns.items()}
+                except Exception as e:
+                    row.setdefault("diagnosis_errors", {})[ps] = f"{type(e).__name__}: {first_line(e)}"
         row["ms"][ps] = {n: {"sync": round(sync[n] * 1e3, 4), "b2b": round(b2b[n] * 1e3, 4)} for n in fns}
         row["ratio"][ps] = {m: round((sync if m == "sync" else b2b)["eager"] / (sync if m == "sync" else b2b)
                                      ["compiled"], 3) for m in ("sync", "b2b")}

@@ -309,9 +309,10 @@ def compile_only(shard: tuple[int, int] = (1, 1), quick: bool = False, max_cases
     failed, left = 0, 0
     for s in cases:
         try:  # one case's trouble (most often memory: 16 shards share the GPU) leaves it to the timed run
-            failed += _compile_case(s, device)
+            errors = _compile_case(s, device)
+            failed += errors
             say(f"compiled {s.label}")
-            if skip_done is not None:  # one short line per append: shards side by side do not interleave within it
+            if skip_done is not None and not errors:  # one short line per append: shards do not interleave in it
                 with compiled_path(skip_done).open("a", encoding="utf-8") as f:
                     f.write(s.label + "\n")
         except Exception as exc:  # the timed run measures the case and reports its errors

@@ -101,11 +101,11 @@ def simple_index_url(site: str, key: str) -> str:
 def parse_local_version(local: str) -> tuple[str, str, bool] | None:
     """Inverse of wheel_local_version: 'cu13torch2.11cxx11abiTRUE' -> ('cu13', '2.11', True).
     Case-insensitive: PEP 440 normalisation lower-cases local versions ('cxx11abitrue')."""
-    m = re.fullmatch(r"(cu\d+)torch(\d+\.\d+)cxx11abi(true|false)", local, flags=re.IGNORECASE)
+    m = re.fullmatch(r"(cu[0-9]+)torch([0-9]+\.[0-9]+)cxx11abi(true|false)", local, flags=re.IGNORECASE)
     return (m.group(1).lower(), m.group(2), m.group(3).upper() == "TRUE") if m else None
 
 
-_STABLE_LOCAL = re.compile(r"(cu\d+)torch(\d+\.\d+)stable\.((?:sm\d+(?:ptx)?)+)", flags=re.IGNORECASE)
+_STABLE_LOCAL = re.compile(r"(cu[0-9]+)torch([0-9]+\.[0-9]+)stable\.((?:sm[0-9]+(?:ptx)?)+)", flags=re.IGNORECASE)
 
 
 def arch_token(arch: str | int) -> str:
@@ -146,18 +146,23 @@ def parse_stable_local(local: str) -> tuple[str, str, tuple[str, ...]] | None:
     m = _STABLE_LOCAL.fullmatch(local)
     if not m:
         return None
-    return m.group(1).lower(), m.group(2), tuple(re.findall(r"sm\d+(?:ptx)?", m.group(3).lower()))
+    return m.group(1).lower(), m.group(2), tuple(re.findall(r"sm[0-9]+(?:ptx)?", m.group(3).lower()))
 
 
-_PIPELINE_LOCAL = re.compile(r"cu[0-9]+torch[0-9]+\.[0-9]+(?:cxx11abi(?:true|false)(?:\.(?:sm[0-9]+(?:ptx)?)+)?"
-                             r"|stable\.(?:sm[0-9]+(?:ptx)?)+)(?:\.trim[0-9a-f]{8})?", flags=re.IGNORECASE)
+_TEST_BUILD = re.compile(r"(?P<base>.+?)(?P<archs>\.(?:sm[0-9]+(?:ptx)?)+)?(?P<trim>\.trim[0-9a-f]{8})?",
+                         flags=re.IGNORECASE)
 
 
 def is_pipeline_label(local: str) -> bool:
-    """Whether `local` is a label this module writes: a cell's (wheel_local_version, with its test-build arch subset),
-    a stable-ABI build's (stable_local_version), either with options_marker's trim. Only those become index keys:
-    any other label that a file name carries would make an index nobody asked for."""
-    return _PIPELINE_LOCAL.fullmatch(local) is not None
+    """Whether `local` is a label this module writes: a cell's (wheel_local_version, with its test-build arch
+    subset) or a stable-ABI build's (stable_local_version), either with options_marker's trim. Only those become
+    index keys: any other label that a file name carries would make an index nobody asked for."""
+    m = _TEST_BUILD.fullmatch(local)
+    if m is None:
+        return False
+    if parse_local_version(m["base"]) is not None:
+        return True
+    return parse_stable_local(local.removesuffix(m["trim"] or "")) is not None  # its archs are its label's own
 
 
 def stable_serves(local: str, key: str) -> bool:

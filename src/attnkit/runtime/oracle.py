@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import hashlib
 import itertools
 import json
 import math
 import os
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,24 +75,45 @@ def grid() -> list[Case]:
     return base[::7] + [c for i, c in enumerate(base) if i % 7]
 
 
+@functools.cache
+def group_index() -> dict[tuple[Any, ...], int]:
+    """Each kernel configuration of the grid (Case.group) numbered in first-seen order: the unit of shards and
+    claims."""
+    return {g: n for n, g in enumerate(dict.fromkeys(c.group for c in grid()))}
+
+
 def select_cases(cases: list[Case], shard: tuple[int, int] | None, words: list[str] | None) -> list[Case]:
     if words:
         cases = [c for c in cases if all(w in c.tag for w in words)]
     if shard is not None:
         index, count = shard
-        groups = {g: n for n, g in enumerate(dict.fromkeys(c.group for c in grid()))}
-        cases = [c for c in cases if groups[c.group] % count == index - 1]
+        cases = [c for c in cases if group_index()[c.group] % count == index - 1]
     return cases
 
 
-def claim(claims: Path, group: int) -> bool:
+def by_group_heaviest_first(cases: list[Case]) -> list[Case]:
+    """The cases one configuration after another, the costliest configurations first (cost ~ the score matrix's
+    elements x head dim, summed): processes that claim configurations as they reach them then finish together,
+    the last ones taking the small configurations (the grid's interleaved order would hand out nearly every
+    configuration within its first seventh, fixing each process's share at the start)."""
+    cost: dict[tuple[Any, ...], int] = {}
+    for c in cases:
+        cost[c.group] = cost.get(c.group, 0) + c.sq * c.sk * c.d
+    return sorted(cases, key=lambda c: (-cost[c.group], group_index()[c.group]))
+
+
+def claim(claims: Path, group: int, worker: str = "") -> bool:
     """Take kernel configuration `group` for this process: True once, for the first process that asks. Static
     shards finish unevenly (2026-12-01, H200: 212-436 s for 16 shards of one grid, the same 94 varlen cases never
     reached in two sessions); workers that claim groups from one folder all stay busy until the grid is done."""
     try:
-        os.close(os.open(claims / str(group), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        fd = os.open(claims / str(group), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
         return False
+    try:  # who took it: a worker that died after claiming is named by its claims
+        os.write(fd, worker.encode())
+    finally:
+        os.close(fd)
     return True
 
 
@@ -282,7 +305,10 @@ def run_oracle(tests: str, out: str | None = None, budget: float = 600.0, shard:
     if device == "cpu":  # a dry run: small cases a CPU does in seconds
         cases = [c for c in cases if c.sq <= 128 and c.sk <= 256 and c.d in (32, 59) and c.dtype == "float16"]
     whole = len(cases)
-    groups = {g: n for n, g in enumerate(dict.fromkeys(c.group for c in grid()))}
+    worker = uuid.uuid4().hex[:12]
+    if claim_dir is not None:
+        cases = by_group_heaviest_first(cases)
+    groups = group_index()
     mine: dict[int, bool] = {}
     t0, done, skipped, own_only, taken = time.monotonic(), [], 0, 0, 0
     for case in cases:
@@ -290,7 +316,7 @@ def run_oracle(tests: str, out: str | None = None, budget: float = 600.0, shard:
         if claim_dir is not None:
             g = groups[case.group]
             if g not in mine:  # once the budget is spent a process claims nothing: the rest is the pass's leftover
-                mine[g] = spent <= budget and claim(claim_dir, g)
+                mine[g] = spent <= budget and claim(claim_dir, g, worker)
             if not mine[g]:
                 continue
             taken += 1
@@ -308,7 +334,7 @@ def run_oracle(tests: str, out: str | None = None, budget: float = 600.0, shard:
                    "(flash-attn's tests), both against the fp32 reference",
            "shard": list(shard) if shard else None, "backends": run, "filter": words, "budget_s": budget,
            "seconds": round(time.monotonic() - t0, 1), "grid_cases": taken if claim_dir else len(cases),
-           "skipped_budget": skipped, **({"claims": str(claim_dir), "worker": os.getpid(), "pass_grid_cases": whole} if claim_dir else {}),
+           "skipped_budget": skipped, **({"claims": str(claim_dir), "worker": worker, "pass_grid_cases": whole} if claim_dir else {}),
            "forced_budget_s": forced_budget, "own_pick_only": own_only,
            "unavailable": {n: r for n, r in unavailable.items() if r}, "counts": counts(done), "cases": done}
     if out:
@@ -347,22 +373,25 @@ def merge(paths: list[str], out: str | None, quiet: bool = False) -> int:
     # a re-run shard: its last report; claiming processes are one part each
     latest = {(tuple(d.get("backends") or ("?",)), str(d.get("shard")), str(d.get("claims")), str(d.get("worker"))): d
               for d in docs}
-    passes: dict[tuple[str, ...], dict[str, Any]] = {}  # reports of one backend list: the shards of one pass
+    # reports of one backend list are the parts of one pass: its cases counted once each (shards from two sessions
+    # or a claiming pass beside a sharded one overlap), its size the sum of its distinct shards or, for claiming
+    # processes, the selection they shared; what no part ran is left by the budget
+    parts: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for d in latest.values():
-        key = tuple(d.get("backends") or ("?",))
-        p = passes.setdefault(key, {"backends": list(key), "grid_cases": 0, "cases": 0, "skipped_budget": 0})
-        p["grid_cases"] += d.get("grid_cases", len(d["cases"]))
-        p["cases"] += len(d["cases"])
-        p["skipped_budget"] += d.get("skipped_budget", 0)
-        if "pass_grid_cases" in d:  # claiming processes: what none of them claimed is left by the budget too
-            p["whole"] = max(p.get("whole", 0), d["pass_grid_cases"])
-    for p in passes.values():
-        whole = p.pop("whole", None)
-        if whole is not None:
-            p["grid_cases"], p["skipped_budget"] = whole, max(0, whole - p["cases"])
+        parts.setdefault(tuple(d.get("backends") or ("?",)), []).append(d)
+    passes: dict[tuple[str, ...], dict[str, Any]] = {}
+    for key, ds in parts.items():
+        tags = {c["case"] for d in ds for c in d["cases"]}
+        sharded = sum(d.get("grid_cases", len(d["cases"])) for d in ds if "pass_grid_cases" not in d)
+        shared = max((d["pass_grid_cases"] for d in ds if "pass_grid_cases" in d), default=0)
+        size = max(sharded, shared, len(tags))
+        passes[key] = {"backends": list(key), "grid_cases": size, "cases": len(tags),
+                       "skipped_budget": size - len(tags)}
     grid_cases = max(p["grid_cases"] for p in passes.values())
-    doc = {**{k: v for k, v in docs[0].items() if k not in ("cases", "counts", "shard", "backends")},
-           "merged": [{"shard": d.get("shard"), "backends": d.get("backends"), "seconds": d.get("seconds"),
+    doc = {**{k: v for k, v in docs[0].items()
+              if k not in ("cases", "counts", "shard", "backends", "claims", "worker", "pass_grid_cases")},
+           "merged": [{"shard": d.get("shard"), "worker": d.get("worker"), "backends": d.get("backends"),
+                       "seconds": d.get("seconds"),
                        "cases": len(d["cases"]), "skipped_budget": d.get("skipped_budget"),
                        "own_pick_only": d.get("own_pick_only", 0)} for d in docs],
            "passes": list(passes.values()), "grid_cases": grid_cases,
@@ -388,6 +417,8 @@ def _bad_report_field(d: dict[str, Any]) -> str | None:
     for name in ("grid_cases", "skipped_budget", "own_pick_only", "seconds", "pass_grid_cases"):
         if name in d and not number(d[name]):
             return name
+    if "worker" in d and not isinstance(d["worker"], str):
+        return "worker"
     una = d.get("unavailable")
     if una is not None and not (isinstance(una, dict) and all(
             isinstance(v, list) and all(isinstance(x, str) for x in v) for v in una.values())):
