@@ -206,3 +206,35 @@ def test_review_leftovers(tmp_path, capsys):
     f = tmp_path / "w.json"
     f.write_text(json.dumps([{"heads": 4, "head_dim": 64, "seqlen": 128, "softcap": 1e7}]))
     one_line(*run(["warmup", "--shapes", str(f), "--dry-run"], capsys), 1, "softcap")
+
+
+def test_third_sweep_outputs_are_checked_before_the_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """The sweep of this stop's new surfaces (132 cases): an empty path meant the current folder (`index build
+    --out ''` replaced it); an unwritable --out or --claims was found only after the grid had run and its claims
+    were used up; a newline in a name split the error in two."""
+    from test_hostile_inputs import one_line
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "f").write_text("a file")
+    tests = str(Path(__file__).parent / "fixtures" / "oracle" / "test_flash_attn.py")
+    oracle = ["oracle", "--tests", tests, "--backend", "attnkit", "--filter", "dense,mha,d=32,sq=113", "--budget", "30"]
+    house = tmp_path / "house"
+    house.mkdir()
+    verified(make_wheel(house, version="1.0+cu13torch2.11cxx11abiTRUE"))
+    cases = [
+        (["index", "build", str(house), "--out", ""], 2, "--out: an empty path"),
+        ([*oracle, "--out", ""], 2, "--out: an empty path"),
+        ([*oracle, "--out", "o.json", "--claims", ""], 2, "--claims: an empty path"),
+        (["tune", "--validate", "--out", ""], 2, "--out: an empty path"),
+        ([*oracle, "--out", "o.json", "--claims", "f/x\ny"], 2, "--claims: 'f/x\\ny': not a folder"),
+        ([*oracle, "--out", "o.json", "--claims", "/proc/self"], 2, "--claims: /proc/self"),
+        ([*oracle, "--out", "f/x.json", "--claims", "c"], 2, "--out: f/x.json: f is not a writable folder"),
+        (["tune", "--validate", "--out", "f/a\nb.json"], 2, "'f/a\\nb.json'"),
+        (["bench", "--compiled", "--out", str(house)], 2, "is a folder"),
+    ]
+    for argv, code, needle in cases:
+        got, err = run(argv, capsys)
+        assert got == code, (argv, err)
+        one_line(err, needle)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f", "house"]  # no claims, reports or sites made

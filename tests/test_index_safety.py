@@ -145,9 +145,18 @@ def test_pipeline_labels_are_exactly_what_naming_writes() -> None:
     written = [n.wheel_local_version("13.0", "2.11", True), n.wheel_local_version("12.6", "2.8", False, "sm90"),
                n.wheel_local_version("12.6", "2.8", False, "sm80sm90") + f".{trim}",
                n.stable_local_version("13.0", "2.9", ["8.0", "9.0+PTX"]),
-               n.stable_local_version("13.0", "2.9", ["9.0"], trim), "cu13torch2.11cxx11abitrue"]  # PEP 440 lower
+               n.stable_local_version("13.0", "2.9", ["9.0"], trim)]
     assert all(n.is_pipeline_label(x) for x in written), written
     for odd in ("evil", f"{KEY}.evil", "cpu", "cu13torch2.11", f"{KEY}.trimXYZ", "cu\uff11\uff13torch2.11cxx11abiTRUE",
-                f"{KEY}\n", "cu13torch2.9stable", f"{KEY}.{trim}.sm90", "cu13torch2.9stable.sm90.sm80"):
+                f"{KEY}\n", "cu13torch2.9stable", f"{KEY}.{trim}.sm90", "cu13torch2.9stable.sm90.sm80",
+                KEY.lower(), KEY.upper(), "cu013torch02.011cxx11abiTRUE", f"{KEY}.SM90PTX", f"{KEY}.trim0123ABCD",
+                "cu13torch2.11cxx11abiTrue"):
         assert not n.is_pipeline_label(odd), odd
     assert n.parse_local_version("cu\uff11\uff13torch2.11cxx11abiTRUE") is None  # ASCII digits only
+
+
+def test_a_trimmed_stable_abi_label_still_needs_the_abi3_tag(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    house = project / "wheelhouse"
+    bad = verified(make_wheel(house, name="other_pkg", version="1.0+cu13torch2.9stable.sm90.trim0123abcd"))
+    code, err = run(["index", "build", str(house), "--out", str(project / "site")], capsys)
+    assert code == 1 and bad.name in err and "not tagged abi3" in err and not (project / "site").exists()

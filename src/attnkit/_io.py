@@ -7,6 +7,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from attnkit.errors import shown
+
 
 class WriteError(OSError):
     """An output that cannot be written: one line naming the path (an OSError, so callers that tolerate a
@@ -19,8 +21,8 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name[:200]}.", suffix=".tmp", dir=target.parent)
     except OSError as exc:
-        raise WriteError(f"{target}: cannot be written ({exc.strerror or type(exc).__name__}); give a path in a "
-                         "writable folder") from None
+        raise WriteError(f"{shown(target)}: cannot be written ({exc.strerror or type(exc).__name__}); give a path "
+                         "in a writable folder") from None
     try:
         # mkstemp makes the file 0600: give it the target's mode, or what a plain open() would (0666 - umask)
         umask = os.umask(0)
@@ -33,12 +35,30 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
         os.replace(tmp, target)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
-        raise WriteError(f"{target}: cannot be written ({exc.strerror or type(exc).__name__}); give a path in a "
-                         "writable folder") from None
+        raise WriteError(f"{shown(target)}: cannot be written ({exc.strerror or type(exc).__name__}); give a path "
+                         "in a writable folder") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def check_writable(path: str | Path, option: str) -> None:
+    """Refuse, before any work, an output that write_atomic could not write (a folder, a missing or read-only
+    parent, a name too long): a run of minutes must not end by losing what it measured."""
+    from attnkit.errors import UsageError
+
+    target = Path(path)
+    try:
+        if target.is_dir():
+            raise UsageError(f"{option}: {shown(target)} is a folder; give a file name")
+        parent = next(p for p in (target.parent, *target.parent.parents) if p.exists())
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise UsageError(f"{option}: {shown(target)}: {shown(parent)} is not a writable folder")
+        if len(target.name.encode()) > 255:
+            raise UsageError(f"{option}: {shown(target)}: the file name is over 255 bytes")
+    except OSError as exc:
+        raise UsageError(f"{option}: {shown(target)}: {exc.strerror or type(exc).__name__}") from None
 
 
 def cache_dir() -> Path:

@@ -11,7 +11,10 @@ from collections.abc import Callable, Sequence
 from attnkit._io import WriteError
 from attnkit.cli import images, index, matrix, runtime, wheels
 from attnkit.cli._args import _Parser, _version
-from attnkit.errors import AttnkitError, first_line, shown
+from attnkit.errors import AttnkitError, UsageError, first_line, shown
+
+# options that name a file or folder, in any subcommand
+PATH_OPTIONS = ("out", "report", "claims", "dest", "tests", "table", "png", "file", "cache_dir", "wheelhouse")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,6 +36,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _term)
     try:
         args = build_parser().parse_args(argv)
+        empty = next((d for d in PATH_OPTIONS if getattr(args, d, None) == ""), None)
+        if empty is not None:  # '' would be the current folder: an index built there replaces it
+            raise UsageError(f"--{empty.replace('_', '-')}: an empty path; give a file or folder name")
         func: Callable[[argparse.Namespace], int] = args.func
         return func(args)
     except AttnkitError as exc:  # UsageError included: each class carries its exit status

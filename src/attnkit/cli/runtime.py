@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from attnkit._io import write_atomic
+from attnkit._io import check_writable, write_atomic
 from attnkit.cli._args import _positive_int, _seconds_arg, _shard_arg
 from attnkit.errors import UsageError
 
@@ -24,6 +24,7 @@ def _cmd_bench(a: argparse.Namespace) -> int:
 
         if not a.out:
             raise UsageError("--out: required with --integrations (the JSON report)")
+        check_writable(a.out, "--out")
         extra = [f"--{k}={getattr(a, k)}" for k in ("layers", "tokens", "batch", "iters", "replays")
                  if getattr(a, k) is not None]
         return integrations(["--out", a.out, *extra, *(f"--only={o}" for o in a.only or ())])
@@ -32,6 +33,7 @@ def _cmd_bench(a: argparse.Namespace) -> int:
 
         if not a.out:
             raise UsageError("--out: required with --compiled (the JSON report)")
+        check_writable(a.out, "--out")
         return run_compiled(a.out, only=a.shape)
     from attnkit.bench.run import run_bench
 
@@ -58,6 +60,8 @@ def _cmd_oracle(a: argparse.Namespace) -> int:
     if not a.tests:
         raise UsageError("--tests: required (flash-attention's tests/test_flash_attn.py, or a checkout holding it); "
                          "or --merge REPORT... to join shard reports")
+    if a.out:  # before the grid: a pass of minutes must not end by losing its report
+        check_writable(a.out, "--out")
     return run_oracle(a.tests, out=a.out, budget=a.budget, shard=a.shard, backends=a.backend,
                       words=a.filter.split(",") if a.filter else None, forced_budget=a.forced_budget,
                       claims=a.claims)
@@ -79,6 +83,8 @@ def _cmd_tune(a: argparse.Namespace) -> int:
             print(f"wrote {png}")
         return 0
     if a.validate:
+        if a.out:
+            check_writable(a.out, "--out")
         rep = tune.validate(Path(a.out) if a.out else None, quick=a.quick)
         print(json.dumps(rep["summary"], indent=1))
         return 0

@@ -149,20 +149,36 @@ def parse_stable_local(local: str) -> tuple[str, str, tuple[str, ...]] | None:
     return m.group(1).lower(), m.group(2), tuple(re.findall(r"sm[0-9]+(?:ptx)?", m.group(3).lower()))
 
 
-_TEST_BUILD = re.compile(r"(?P<base>.+?)(?P<archs>\.(?:sm[0-9]+(?:ptx)?)+)?(?P<trim>\.trim[0-9a-f]{8})?",
-                         flags=re.IGNORECASE)
+_TEST_BUILD = re.compile(r"(?P<base>.+?)(?P<archs>\.(?:sm[0-9]+(?:ptx)?)+)?(?P<trim>\.trim[0-9a-f]{8})?")
+
+
+def untrimmed(local: str) -> str:
+    """The label without options_marker's '.trim<hash>' (a trimmed test build's mark)."""
+    return re.sub(r"\.trim[0-9a-f]{8}\Z", "", local)
 
 
 def is_pipeline_label(local: str) -> bool:
-    """Whether `local` is a label this module writes: a cell's (wheel_local_version, with its test-build arch
-    subset) or a stable-ABI build's (stable_local_version), either with options_marker's trim. Only those become
-    index keys: any other label that a file name carries would make an index nobody asked for."""
+    """Whether `local` is, character for character, a label this module writes: a cell's (wheel_local_version,
+    with its test-build arch subset) or a stable-ABI build's (stable_local_version), either with options_marker's
+    trim. Only those become index keys: any other label a file name carries (another case, leading zeros, a
+    suffix of its own) would make an index nobody asked for, or two for one cell."""
     m = _TEST_BUILD.fullmatch(local)
     if m is None:
         return False
-    if parse_local_version(m["base"]) is not None:
-        return True
-    return parse_stable_local(local.removesuffix(m["trim"] or "")) is not None  # its archs are its label's own
+    cell = parse_local_version(m["base"])
+    if cell is not None:
+        cuda, torch, abi = cell
+        return m["base"] == f"cu{int(cuda[2:])}torch{_canonical_minor(torch)}cxx11abi{str(abi).upper()}"
+    stable = parse_stable_local(untrimmed(local))
+    if stable is None:
+        return False
+    cuda, floor, archs = stable
+    return untrimmed(local) == f"cu{int(cuda[2:])}torch{_canonical_minor(floor)}stable.{''.join(archs)}"
+
+
+def _canonical_minor(version: str) -> str:
+    major, minor = version.split(".")
+    return f"{int(major)}.{int(minor)}"
 
 
 def stable_serves(local: str, key: str) -> bool:

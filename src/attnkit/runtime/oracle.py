@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnkit.errors import UsageError, first_line
+from attnkit.errors import UsageError, first_line, shown
 
 AUTO = "attnkit"  # attention()'s own pick
 REFERENCE = ("attention_ref", "construct_local_mask", "attn_bias_from_alibi_slopes", "generate_random_padding_mask")
@@ -297,10 +297,14 @@ def run_oracle(tests: str, out: str | None = None, budget: float = 600.0, shard:
         if shard is not None:
             raise UsageError("--claims: takes the place of --shard (the processes share the grid); give one of them")
         claim_dir = Path(claims)
-        try:
+        try:  # a claim file made and removed: a folder claims cannot be written to is refused before any case
             claim_dir.mkdir(parents=True, exist_ok=True)
+            probe_file = claim_dir / f".probe-{os.getpid()}"
+            probe_file.touch()
+            probe_file.unlink()
         except OSError as exc:
-            raise UsageError(f"--claims: {claims}: cannot create the folder ({type(exc).__name__})") from None
+            raise UsageError(f"--claims: {shown(claims)}: not a folder claims can be written to "
+                             f"({exc.strerror or type(exc).__name__})") from None
     cases = select_cases(grid(), shard, words)
     if device == "cpu":  # a dry run: small cases a CPU does in seconds
         cases = [c for c in cases if c.sq <= 128 and c.sk <= 256 and c.d in (32, 59) and c.dtype == "float16"]
@@ -419,6 +423,9 @@ def _bad_report_field(d: dict[str, Any]) -> str | None:
             return name
     if "worker" in d and not isinstance(d["worker"], str):
         return "worker"
+    whole = d.get("pass_grid_cases", 0)
+    if isinstance(whole, bool) or not isinstance(whole, int) or not 0 <= whole <= len(grid()):
+        return "pass_grid_cases"  # the size of a selection of the grid
     una = d.get("unavailable")
     if una is not None and not (isinstance(una, dict) and all(
             isinstance(v, list) and all(isinstance(x, str) for x in v) for v in una.values())):

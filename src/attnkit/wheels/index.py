@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import html
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -156,7 +157,7 @@ def collect(src: Path) -> list[Entry]:
                 raise AttnkitError(f"{w.name}: +{key} is not a label attnkit's pipeline writes "
                                    "(cu13torch2.11cxx11abiTRUE, optionally .sm90 or .trim<hash>, or a stable-ABI "
                                    "cu13torch2.9stable.sm80sm90); index keys come only from those")
-            if naming.parse_stable_local(key) is not None and "abi3" not in w.name.rsplit("-", 2)[-2]:
+            if naming.parse_stable_local(naming.untrimmed(key)) is not None and "abi3" not in w.name.rsplit("-", 2)[-2]:
                 raise AttnkitError(f"{w.name}: a stable-ABI label (+{key}) on a wheel not tagged abi3; only "
                                    "limited-API wheels serve several torch minors")
         if not key:
@@ -285,6 +286,9 @@ def build_index(src: Path, out: Path, base_url: str | None = None, site_url: str
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        stage.chmod(0o777 & ~umask)  # mkdtemp's 0700 would hide the site from a web server running as another user
     except OSError as exc:
         raise AttnkitError(f"--out: {out}: cannot be written ({exc.strerror or type(exc).__name__})") from None
     try:
