@@ -10,6 +10,13 @@ served: torch falls back to its math kernel where no fused kernel fits."""
 
 from attnkit.runtime.backends._sdpa import SdpaBackend
 from attnkit.runtime.backends.base import GRAPH_TRACES, Limits
+from attnkit.runtime.call import AttentionCall
+
+# flash-attn's grid on this CPU (its dry-run part: 384 float16 cases, torch 2.13, 2026-12-01): torch's CPU pick
+# missed the gradient tolerance on 2 cases, both MQA with ALiBi (a bias), dk one float16 ulp (0.0078) over 3x
+# PyTorch's own low-precision error (0.0059); sdpa_math passed all 384. bfloat16 takes the same CPU kernel.
+CPU_HALF_GQA_BIAS = ("on CPU, torch's own kernel misses flash-attn's gradient tolerance for GQA/MQA with a bias in "
+                     "half precision (dk, flash-attn's grid on the CPU, 2 of 384 cases)")
 
 
 class Sdpa(SdpaBackend):
@@ -29,3 +36,9 @@ class Sdpa(SdpaBackend):
         dropout=True,
         traces=GRAPH_TRACES,
     )
+
+    def extra_reasons(self, call: AttentionCall, capability: tuple[int, int] | None) -> list[str]:
+        if (call.device == "cpu" and call.requires_grad and call.gqa and (call.alibi or call.bias)
+                and call.dtype in ("float16", "bfloat16")):
+            return [CPU_HALF_GQA_BIAS]
+        return []
