@@ -7,7 +7,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from attnkit.errors import shown
+from attnkit.errors import UsageError, shown
 
 
 class WriteError(OSError):
@@ -46,8 +46,6 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
 def check_writable(path: str | Path, option: str) -> None:
     """Refuse, before any work, an output that write_atomic could not write (a folder, a missing or read-only
     parent, a name too long): a run of minutes must not end by losing what it measured."""
-    from attnkit.errors import UsageError
-
     target = Path(path)
     try:
         if target.is_dir():

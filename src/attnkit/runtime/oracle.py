@@ -76,6 +76,11 @@ def grid() -> list[Case]:
 
 
 @functools.cache
+def grid_size() -> int:
+    return len(grid())
+
+
+@functools.cache
 def group_index() -> dict[tuple[Any, ...], int]:
     """Each kernel configuration of the grid (Case.group) numbered in first-seen order: the unit of shards and
     claims."""
@@ -424,7 +429,7 @@ def _bad_report_field(d: dict[str, Any]) -> str | None:
     if "worker" in d and not isinstance(d["worker"], str):
         return "worker"
     whole = d.get("pass_grid_cases", 0)
-    if isinstance(whole, bool) or not isinstance(whole, int) or not 0 <= whole <= len(grid()):
+    if isinstance(whole, bool) or not isinstance(whole, int) or not 0 <= whole <= grid_size():
         return "pass_grid_cases"  # the size of a selection of the grid
     una = d.get("unavailable")
     if una is not None and not (isinstance(una, dict) and all(

@@ -21,13 +21,13 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, mode
 
 from attnkit.errors import AttnkitError
 from attnkit.runtime.call import MAX_FACTOR
+from attnkit.runtime.call import MAX_LEN as INT_MAX  # attention()'s own bound for sizes, lengths, windows
 from attnkit.runtime.shape import Shape, make_inputs
 
 DTYPES = ("float16", "bfloat16")
 
 
 FULL_KINDS = {"attention": "full_attention", "chunked_attention": "full_attention"}  # layer_types spellings
-INT_MAX = 2**31 - 1  # what attention() accepts for a size, a length or a window (int32 kernels)
 # strict: JSON `true` is not 1 head, 2.5 is not a length
 Count = Annotated[int, Strict(), Field(ge=1, le=INT_MAX)]
 
