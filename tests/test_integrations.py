@@ -316,6 +316,111 @@ def test_hf_padded_batch_compiles_with_zero_graph_breaks_and_matches_eager():
         torch.testing.assert_close(p.grad, ref_grads[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_padded_segments_pack_a_padded_batch_on_the_device():
+    """Each row's tokens first, in order, then its padding, as two sequences (an empty one where a row has no
+    padding): for left, right and no padding, and a row of padding only."""
+    from attnkit.integrations.transformers import padded_segments
+
+    mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1], [1, 1, 1, 0], [0, 0, 0, 0]])
+    perm, cu = padded_segments(mask, 4)
+    assert perm.tolist() == [0, 1, 2, 3, 6, 7, 4, 5, 8, 9, 10, 11, 12, 13, 14, 15]
+    assert cu.dtype == torch.int32 and cu.tolist() == [0, 4, 4, 6, 8, 11, 12, 12, 16]
+    assert sorted(perm.tolist()) == list(range(16))  # a permutation: index_copy back writes every row once
+
+
+def test_padded_segments_give_the_masked_calls_output_and_gradients():
+    """What a graph runs for a padded batch, eagerly: padded_segments' gather, attention()'s varlen call and the
+    index_copy back give every real token the output of the masked call, and q, k, v the same gradients through
+    the real tokens (left and right padding, causal and a window)."""
+    from attnkit.integrations.transformers import padded_segments
+    from attnkit.runtime.layout import allowed_mask
+
+    mask = torch.ones(3, 12, dtype=torch.long)
+    mask[1, :5] = 0
+    mask[2, 9:] = 0
+    lengths = mask.sum(-1)
+    real = mask.bool()[..., None, None]
+    for opts in ({"causal": True}, {"causal": False, "window": (3, 2)}):
+        q, k, v = _qkv(3, 12, 12, 4, 2, 16, seed=3)
+        perm, cu = padded_segments(mask, 12)
+        flat = [t.reshape(36, *t.shape[2:]).index_select(0, perm) for t in (q, k, v)]
+        got = attention(*flat, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=12, max_seqlen_k=12, **opts)
+        got = torch.empty_like(got).index_copy(0, perm, got).view(3, 12, 4, 16)
+        (got * real).square().sum().backward()
+        grads = [t.grad.clone() for t in (q, k, v)]
+        for t in (q, k, v):
+            t.grad = None
+        # the reference: each row's real tokens alone, packed to the front, against the plain masked math
+        ref = torch.zeros_like(got)
+        for b in range(3):
+            keep = mask[b].bool()
+            n = int(lengths[b])
+            ok = allowed_mask(n, n, causal=opts["causal"], window=opts.get("window"), device="cpu").reshape(n, n)
+            qs, ks, vs = (t[b, keep].transpose(0, 1) for t in (q, k, v))
+            ks, vs = ks.repeat_interleave(2, 0), vs.repeat_interleave(2, 0)
+            ref[b, keep] = torch.softmax((qs @ ks.transpose(-1, -2) / 4).masked_fill(~ok, float("-inf")), -1).matmul(
+                vs).transpose(0, 1)
+        (ref * real).square().sum().backward()
+        torch.testing.assert_close(got * real, ref * real, rtol=1e-5, atol=1e-5)
+        for a, b in zip(grads, (q.grad, k.grad, v.grad), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_hf_padded_batch_compiled_runs_the_varlen_path_and_matches_eager():
+    """A padded batch (left and right padding) compiled without a backward: packed on the device
+    (padded_segments) and recorded by a varlen backend (flex on the CPU), no graph break, the logits of every real
+    token equal to the eager model's. With a backward on the CPU no varlen backend records the call, and the key
+    bias serves it (the test above)."""
+    from attnkit.runtime import graph
+
+    model = _tiny("Llama").eval()
+    ids = torch.randint(0, 128, (3, 20), generator=torch.Generator().manual_seed(6))
+    mask = torch.ones(3, 20, dtype=torch.long)
+    mask[1, :6] = 0
+    mask[2, 13:] = 0
+    calls = []
+    real = graph.run_traced
+    with torch.no_grad():
+        ref = model(input_ids=ids, attention_mask=mask).logits * mask[..., None]
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(model)(input_ids=ids, attention_mask=mask)
+        assert explained.graph_break_count == 0, [str(b.reason) for b in explained.break_reasons]
+        torch._dynamo.reset()
+        try:
+            graph.run_traced = lambda inp, backend, trace: calls.append(inp.cu_seqlens_q is not None) or real(
+                inp, backend, trace)
+            out = torch.compile(model, fullgraph=True, backend="aot_eager")(input_ids=ids, attention_mask=mask).logits
+        finally:
+            graph.run_traced = real
+    assert calls and all(calls)  # every layer's call went to the varlen path
+    torch.testing.assert_close(out * mask[..., None], ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_graph_records_varlen_where_a_backend_takes_it(monkeypatch):
+    """graph.records_varlen, the adapter's question before packing in a graph: on the CPU only forward (flex has
+    no CPU backward); on a fake H200 with FlashAttention-4, forward and backward."""
+    from test_selection import fake_probe
+
+    from attnkit.runtime import graph
+    from attnkit.runtime import probe as probe_mod
+
+    args = dict(device="cpu", device_index=0, dtype="float32", heads=4, kv_heads=2, head_dim=16, head_dim_v=16,
+                causal=True, window=None, softcap=False, dropout=False)
+    assert graph.records_varlen(**args, requires_grad=False) and not graph.records_varlen(**args, requires_grad=True)
+    from attnkit.integrations.transformers import (
+        _varlen_records,  # any of q, k, v with a grad (LoRA on v only)
+    )
+
+    q, k = torch.randn(1, 4, 4, 16), torch.randn(1, 4, 2, 16)
+    opts = {"causal": True, "softcap": 0.0, "dropout_p": 0.0}
+    assert _varlen_records(q, k, k, opts) and not _varlen_records(q, k, k.clone().requires_grad_(), opts)
+    p = fake_probe((9, 0), ("flash-attn-4",))
+    monkeypatch.setattr(probe_mod, "probe", lambda *a, **k: p)
+    h200 = {**args, "device": "cuda", "dtype": "bfloat16", "head_dim": 128, "head_dim_v": 128}
+    assert graph.records_varlen(**h200, requires_grad=True)
+    assert not graph.records_varlen(**{**h200, "dtype": "float64"}, requires_grad=True)
+
+
 def test_hf_packed_batch_compiles_with_zero_graph_breaks_and_equals_each_sequence_alone():
     """DataCollatorWithFlattening's kwargs under torch.compile(fullgraph=True): the cu_seq_lens stay device
     tensors, the varlen call is recorded (here, on the CPU, by flex; on a GPU by FlashAttention-4's ops)."""

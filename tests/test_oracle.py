@@ -251,3 +251,34 @@ def test_the_cpu_grids_mqa_alibi_gradients_pass(tmp_path: Path, tag: str) -> Non
     got = doc["cases"][0]["results"]
     assert got["sdpa"]["outcome"] == "refused" and "GQA/MQA with a bias" in got["sdpa"]["reason"]
     assert got["attnkit"]["selected"] == "sdpa_math"
+
+
+def test_resume_runs_only_what_earlier_reports_left_and_merges_to_the_whole(tmp_path: Path) -> None:
+    """--resume: a pass cut by its budget goes on where it stopped. The cases an earlier report answered for every
+    backend run now are left out; a backend the report lacks runs them again; merged, the grid is whole once."""
+    words = ["dense", "mha", "local=False", "alibi=False", "sq=113", "sk=203", "d=32"]
+    first, second, merged = (tmp_path / n for n in ("first.json", "second.json", "merged.json"))
+    oracle.run_oracle(REF, out=str(first), backends=["attnkit"], words=words, quiet=True)
+    whole = json.loads(first.read_text())["cases"]
+    part = {**json.loads(first.read_text()), "cases": whole[: len(whole) // 2]}  # as if the budget ended halfway
+    first.write_text(json.dumps(part))
+    oracle.run_oracle(REF, out=str(second), backends=["attnkit"], words=words, quiet=True, resume=[str(first)])
+    doc = json.loads(second.read_text())
+    ran = {c["case"] for c in doc["cases"]}
+    assert ran == {c["case"] for c in whole[len(whole) // 2:]} and doc["resumed"]["cases_answered"] == len(part["cases"])
+    assert oracle.merge([str(first), str(second)], str(merged), quiet=True) == 0
+    assert len(json.loads(merged.read_text())["cases"]) == len(whole)
+    again = tmp_path / "again.json"  # sdpa_math has no outcome in the earlier report: every case runs for it
+    oracle.run_oracle(REF, out=str(again), backends=["attnkit", "sdpa_math"], words=words, quiet=True,
+                      resume=[str(first)])
+    assert len(json.loads(again.read_text())["cases"]) == len(whole)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**part, "tests_sha256": "0" * 64}))
+    with pytest.raises(UsageError, match=r"--resume: .*other.json: ran on another tests file"):
+        oracle.run_oracle(REF, backends=["attnkit"], words=words, quiet=True, resume=[str(other)])
+    other.write_text(json.dumps({**part, "torch": "1.0"}))
+    with pytest.raises(UsageError, match=r"--resume: .*other.json: ran on another torch \(1.0; this run"):
+        oracle.run_oracle(REF, backends=["attnkit"], words=words, quiet=True, resume=[str(other)])
+    (tmp_path / "junk.json").write_text("[1]")
+    with pytest.raises(UsageError, match=r"--resume: .*junk.json: not an oracle report"):
+        oracle.run_oracle(REF, backends=["attnkit"], words=words, quiet=True, resume=[str(tmp_path / "junk.json")])

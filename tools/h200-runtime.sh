@@ -34,7 +34,7 @@ for step in $STEPS; do
       [ "$(sha256sum /tmp/libs.tar.xz | cut -d' ' -f1)" = "$(cat /root/fa4/libs.sha256)" ] || { echo "fa4 libs: sha256 mismatch"; exit 1; }
       tar xJf /tmp/libs.tar.xz -C "$site" && rm /tmp/libs.tar.xz
       python3 -m pip install -q --no-index --no-deps --no-compile /root/fa4/*.whl || exit 1
-      python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl || exit 1
+      python3 -m pip install -q --no-index --no-deps --no-compile "${WHL_DIR:-.whl}"/*.whl || exit 1
       touch /root/fa4/.installed
     fi
     python3 -m pip list 2>/dev/null | grep -iE "^(flash|nvidia-cutlass|xformers|nvidia-cudnn-frontend|torch |nox|pydantic )" ;

@@ -5,7 +5,9 @@
 #             /root, pydantic installed
 #   start     call 2 (carry .fa4b .whl): FlashAttention-4 installed (tools/h200-runtime.sh install), the tree's
 #             src/ copied to $S/src, then `job` started under setsid; then as `wait`. TUNE_FROM=FILE resumes
-#             an earlier session's sweep (docs/results/*-h200-tune-*.jsonl)
+#             an earlier session's sweep (docs/results/*-h200-tune-*.jsonl); ORACLE_RESUME=FILE an earlier
+#             oracle report (the grid's passes run what it left, merged with it); SMOKE_ONLY="--backend ..." the
+#             smoke's rows for those backends only (one process); WHL_DIR a smaller wheel folder than .whl to carry
 #   wait [S]  every later call (no carry): up to S seconds (default 540) for the job to end, then its results
 #             packed into $OUT/results.tar.gz (one file: $OUT brings back 8 at most) and its log printed.
 #             REFRESH=1 first copies this call's src/ to $S/src: phases not yet started run the fixed code
@@ -28,6 +30,10 @@ TUNE_BUDGET=${TUNE_BUDGET:-300}; VALIDATE_S=${VALIDATE_S:-240}; HF_S=${HF_S:-300
 step=${1:-wait}
 
 phase() { echo "$(date +%T) $*" | tee -a "$R/phases.log"; }
+on() {   # a phase with budget 0 is left out; a budget that is not whole seconds is said so, and left out too
+  case ${1:-0} in ''|*[!0-9]*) phase "skipped: $2 (budget '${1:-}' is not whole seconds)"; return 1 ;; esac
+  [ "$1" -gt 0 ] || { phase "skipped: $2 (its budget is 0)"; return 1; }
+}
 
 job() {
   export PYTHONPATH=$S/src PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore ATTNKIT_CACHE_DIR=$S/ak-cache \
@@ -41,6 +47,7 @@ job() {
   groups=$(python3 -c "from attnkit.runtime.smoke import CASES; c = list(CASES); print(' '.join(','.join(c[i::3]) for i in range(3)))")
   others=$(python3 -c "from attnkit.runtime.backends import REGISTRY; from attnkit.runtime.smoke import AUTO, COMPILED; print(' '.join('--backend ' + n for n in [*REGISTRY, AUTO, COMPILED] if n != 'flex'))")
   if [ -z "$groups" ] || [ -z "$others" ]; then phase "smoke split: listing failed, one process"; groups=; others=; fi
+  if [ -n "${SMOKE_ONLY:-}" ]; then groups=; others=$SMOKE_ONLY; fi   # e.g. "--backend attnkit-compiled": those rows only
   j=0
   for g in $groups; do   # flex compiles: 4 inductor threads each, beside the oracle's 16 single-threaded shards
     j=$((j + 1))
@@ -52,10 +59,14 @@ job() {
   # the own pick over the whole grid first, then the forced backends for what is left of the budget. The 16
   # processes claim kernel configurations from one folder per pass (oracle --claims): static shards finished in
   # 212-436 s, and the heaviest ones left the same 94 cases in two sessions
-  local pids=()
+  # ORACLE_RESUME=<an earlier session's merged report in the tree>: the passes run only what it left (oracle --resume)
+  local pids=() resume= earlier=
+  if [ -n "${ORACLE_RESUME:-}" ]; then   # copied by `start`, which stops when it cannot
+    resume="--resume $R/oracle-earlier.json" earlier=$R/oracle-earlier.json
+  fi
   for i in $(seq 1 "$SHARDS"); do
     TORCHINDUCTOR_COMPILE_THREADS=1 $ak oracle --tests "$S/ref/test_flash_attn.py" --claims "$R/oracle/claims-own" \
-      --backend attnkit --budget "$ORACLE_OWN" --out "$R/oracle/own-$i.json" > "$R/oracle/own-$i.log" 2>&1 < /dev/null &
+      $resume --backend attnkit --budget "$ORACLE_OWN" --out "$R/oracle/own-$i.json" > "$R/oracle/own-$i.log" 2>&1 < /dev/null &
     pids+=($!)
   done
   wait "${pids[@]}"   # the oracle shards only: the smoke (15 min on the H200 on 2026-12-01) goes on beside the forced
@@ -65,22 +76,25 @@ job() {
   pids=()
   for i in $(seq 1 "$SHARDS"); do
     TORCHINDUCTOR_COMPILE_THREADS=1 $ak oracle --tests "$S/ref/test_flash_attn.py" --claims "$R/oracle/claims-forced" \
-      $forced --budget "$ORACLE_FORCED" --out "$R/oracle/shard-$i.json" > "$R/oracle/shard-$i.log" 2>&1 < /dev/null &
+      $resume $forced --budget "$ORACLE_FORCED" --out "$R/oracle/shard-$i.json" > "$R/oracle/shard-$i.log" 2>&1 < /dev/null &
     pids+=($!)
   done
   wait "${pids[@]}"
-  $ak oracle --merge "$R"/oracle/own-*.json "$R"/oracle/shard-*.json --out "$R/oracle.json" > "$R/oracle-merge.log" 2>&1
+  $ak oracle --merge $earlier "$R"/oracle/own-*.json "$R"/oracle/shard-*.json --out "$R/oracle.json" > "$R/oracle-merge.log" 2>&1
   phase "oracle merged rc=$? ($(ls "$R"/oracle/shard-*.json 2>/dev/null | wc -l) shards)"
   [ -s "$R/oracle.json" ] && rm -rf "$R"/oracle/shard-*.json "$R"/oracle/own-*.json "$R"/oracle/claims-*   # merged; logs stay
   wait   # the smoke: the compile shards' tensors (up to 64 GiB a case) would make its rows fail for want of memory
   # the compile issue's HF step: a 2-layer Llama (GQA 16/4, D128), full / padded / packed batches, sdpa and
   # attnkit, eager and compiled(fullgraph), with graph breaks counted (bench/integrations.py)
+  if on "$HF_S" "integrations (HF step)"; then
   phase "integrations (HF step)"
   timeout -k 15 "$HF_S" $ak bench --integrations --out "$R/integrations.json" --layers 2 --only train_step \
     > "$R/integrations.log" 2>&1
   phase "integrations rc=$?"
+  fi
   # compiled vs eager before the sweep (both on the same selection, so the sweep's table does not change the
   # ratio): the compile issue's baseline rows first (docs/results/2026-12-01-h200-compile-before-ops.json), then more JIT picks
+  if on "$COMPILED_S" compiled; then
   phase "compiled"
   timeout -k 15 "$COMPILED_S" $ak bench --compiled --out "$R/compiled.json" \
     --shape "train MHA D128 S4096 causal" --shape "train GQA 32/8 D128 S8192 causal" \
@@ -88,6 +102,8 @@ job() {
     --shape "window 4096 GQA 32/8 S16384 causal" --shape "varlen GQA 32/8 D128 17-4096 causal" \
     --shape "decode GQA 32/8 D128 Sk4096" --shape "train D96 S2048 causal" > "$R/compiled.log" 2>&1
   phase "compiled rc=$?"
+  fi
+  if on "$TUNE_BUDGET" tune && on "$TUNE_COMPILE" "tune (its compile phase)"; then
   phase "tune compile"
   mkdir -p "$R/tune"
   pids=()
@@ -100,11 +116,17 @@ job() {
   phase "tune timed"
   $ak tune --out "$R/tune.jsonl" --resume --budget "$TUNE_BUDGET" > "$R/tune/tune.log" 2>&1
   phase "tune rc=$? ($(grep -c '"shape"' "$R/tune.jsonl" 2>/dev/null) cases)"
-  mkdir -p "$R/selection"
+  fi
+  if [ -s "$R/tune.jsonl" ]; then   # this session's sweep, or TUNE_FROM's alone: the table validate decides from
+  mkdir -p "$R/selection" "$R/tune"
   $ak tune --merge "$R/tune.jsonl" --table "$R/selection/sm90.json" --png "$R/tune-winners.png" > "$R/tune/merge.log" 2>&1
   phase "tune merged rc=$?"
+  fi
+  if [ ! -s "$R/selection/sm90.json" ]; then phase "skipped: validate (no table: no sweep ran and no TUNE_FROM)"
+  elif on "$VALIDATE_S" validate; then
   ATTNKIT_SELECTION_DIR=$R/selection timeout -k 15 "$VALIDATE_S" $ak tune --validate --out "$R/validate.json" > "$R/validate.log" 2>&1
   phase "validate rc=$?"
+  fi
   phase "DONE"
 }
 
@@ -129,6 +151,7 @@ case $step in
     # TUNE_FROM=<an earlier session's tune .jsonl in the tree>: the timed sweep resumes it (976 cases do not fit
     # one session: 22 ran in 3.5 min on 2026-12-01)
     if [ -n "${TUNE_FROM:-}" ]; then cp "$TUNE_FROM" "$R/tune.jsonl" || exit 1; fi
+    if [ -n "${ORACLE_RESUME:-}" ]; then cp "$ORACLE_RESUME" "$R/oracle-earlier.json" || exit 1; fi
     setsid nohup bash "$0" job > "$R/job.log" 2>&1 < /dev/null &
     sleep 2; bash "$0" wait "${2:-480}" ;;
   job) job ;;

@@ -27,9 +27,13 @@ __all__ = ["__version__", "attention", "bind", "pack", "probe", "select", "unpac
 
 
 def __getattr__(name: str) -> Any:
+    """Resolved once, then kept in this module's namespace: `attnkit.attention` in a hot loop (and dynamo's guard
+    on it, run on every call of a compiled function) is then a plain attribute read, not this function."""
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'attnkit' has no attribute {name!r}")
     import importlib
 
-    return getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -32,7 +32,7 @@ class Case:
         self.inputs = Inputs(self.q, self.k, self.v, **self.kw)
         self.grad_out = torch.randn((*self.q.shape[:-1], s.head_dim), generator=t.generator, device=device,
                                     dtype=self.q.dtype)
-        self._plain: Callable[[Any, Any, Any], Any] = self._make_plain()
+        self.plain: Callable[[Any, Any, Any], Any] = self._make_plain()
 
     def call(self, grad: bool) -> Any:
         import torch
@@ -93,7 +93,7 @@ class Case:
         absent: dict[str, str] = {}
         if not backends_only:  # varlen: the plain call runs the padded batch
             pq, pk, pv = self.padded if self.s.lengths is not None else (q, k, v)
-            runs[PLAIN] = lambda: self._plain(pq, pk, pv)
+            runs[PLAIN] = lambda: self.plain(pq, pk, pv)
         for lib in () if backends_only else LIBRARIES:
             why = REGISTRY[lib].check(call, p)
             direct = None if why else _library_call(lib, self)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from attnkit._io import write_atomic
-from attnkit.bench.candidates import Case
+from attnkit.bench.candidates import PLAIN, Case
 from attnkit.bench.shapes import Shape, named, suite
 from attnkit.bench.timer import interleaved, warm, warm_gpu
 from attnkit.errors import UsageError, first_line
@@ -31,17 +31,32 @@ def kernels(fn: Any) -> dict[str, Any]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    averages = prof.key_averages()
+    events = [e for e in averages if e.device_type == torch.autograd.DeviceType.CUDA]
     attn = sorted({e.key[:120] for e in events if any(w in e.key.lower() for w in KERNEL_WORDS)})[:12]
     other: Counter[str] = Counter()
     for e in events:
         if e.key[:120] not in attn:
             other[e.key[:80]] += e.count
     return {"attention": attn, "other": dict(other),
-            "gpu_us": round(sum(e.self_device_time_total for e in events), 1)}
+            "gpu_us": round(sum(e.self_device_time_total for e in events), 1),
+            "runtime_api": runtime_api(averages)}
+
+
+def runtime_api(averages: Any) -> dict[str, int]:
+    """The CUDA runtime and driver calls of one profiled call, with their counts (the closing synchronize is one
+    of them): a stream synchronize, a memcpy or a cudaMalloc inside the call stalls the GPU's queue, which
+    equal kernel time does not show."""
+    import re
+
+    import torch
+
+    api = re.compile(r"^cu(da)?[A-Z]")  # cudaLaunchKernel, cuLaunchKernelEx; not kernels named cudnn_*, cutlass_*
+    return {e.key[:60]: e.count for e in averages
+            if e.device_type == torch.autograd.DeviceType.CPU and api.match(e.key) and e.count}
 
 
 def host_profile(fn: Any, device: str, calls: int = 20, top: int = 12) -> dict[str, Any]:
@@ -84,10 +99,12 @@ def compare(s: Shape, device: str = "cuda", iters: int = 10, rounds: int = 4) ->
 
     torch._dynamo.reset()
     compiled = torch.compile(f, fullgraph=True)
+    plain_compiled = torch.compile(c.plain, fullgraph=True)
     # CUDA graphs (the compile issue's item 4): the same graph replayed, which takes the host out of the call
     graphed = torch.compile(f, fullgraph=True, mode="reduce-overhead") if device == "cuda" else None
     row: dict[str, Any] = {"shape": s.label, "eager_pick": {}, "compile_s": {}, "ms": {}, "ratio": {},
                            "kernels": {}, "max_abs_diff": {}}
+    pq, pk, pv = c.padded if s.lengths is not None else (c.q, c.k, c.v)  # the plain call's tensors (padded varlen)
     for ps in ("fwd", "fwdbwd") if s.train else ("fwd",):
         grad = ps == "fwdbwd"
         row["eager_pick"][ps] = select(c.call(grad), probe()).name
@@ -96,10 +113,18 @@ def compare(s: Shape, device: str = "cuda", iters: int = 10, rounds: int = 4) ->
             fns["cudagraphs"] = lambda: graphed(c.q, c.k, c.v)
         if grad:
             fns = {n: c.step(fn, n) for n, fn in fns.items()}
+        # the control: the plain SDPA call a user writes, eager and compiled, in the same race. Its ratio is what
+        # torch.compile itself costs this call (guards, AOTAutograd's wrappers), with no attnkit code in it
+        plain = {"plain_eager": lambda: c.plain(pq, pk, pv), "plain_compiled": lambda: plain_compiled(pq, pk, pv)}
+        fns.update({n: c.step(fn, PLAIN) for n, fn in plain.items()} if grad else plain)
         with torch.set_grad_enabled(grad):
             t0 = time.perf_counter()
             outs, errors = warm({"compiled": fns["compiled"]}, device, times=2)
             row["compile_s"][ps] = round(time.perf_counter() - t0, 1)
+            _, plain_errors = warm({n: fns[n] for n in ("plain_eager", "plain_compiled")}, device, times=2)
+            if plain_errors:  # the control's failure is its own, not the shape's: both halves leave the race
+                row.setdefault("control_errors", {}).update({f"{ps} {n}": e for n, e in plain_errors.items()})
+                del fns["plain_eager"], fns["plain_compiled"]
             if errors:
                 row.setdefault("errors", {})[ps] = errors["compiled"]
                 continue
@@ -136,6 +161,11 @@ def compare(s: Shape, device: str = "cuda", iters: int = 10, rounds: int = 4) ->
         if "cudagraphs" in fns:
             row.setdefault("ratio_cudagraphs", {})[ps] = {
                 m: round(t["eager"] / t["cudagraphs"], 3) for m, t in (("sync", sync), ("b2b", b2b))}
+        if "plain_compiled" in fns:  # torch.compile's own ratio on the plain call; and attnkit compiled against
+            row.setdefault("ratio_plain", {})[ps] = {  # what a user compiles without attnkit
+                m: {"plain_eager_over_compiled": round(t["plain_eager"] / t["plain_compiled"], 3),
+                    "plain_compiled_over_attnkit_compiled": round(t["plain_compiled"] / t["compiled"], 3)}
+                for m, t in (("sync", sync), ("b2b", b2b))}
     return row
 
 

@@ -56,6 +56,8 @@ def _cmd_oracle(a: argparse.Namespace) -> int:
     from attnkit.runtime.oracle import merge, run_oracle
 
     if a.merge:
+        if a.resume:
+            raise UsageError("--resume: runs the grid; --merge only joins reports (give the earlier ones to --merge)")
         return merge(a.merge, a.out)
     if not a.tests:
         raise UsageError("--tests: required (flash-attention's tests/test_flash_attn.py, or a checkout holding it); "
@@ -64,7 +66,7 @@ def _cmd_oracle(a: argparse.Namespace) -> int:
         check_writable(a.out, "--out")
     return run_oracle(a.tests, out=a.out, budget=a.budget, shard=a.shard, backends=a.backend,
                       words=a.filter.split(",") if a.filter else None, forced_budget=a.forced_budget,
-                      claims=a.claims)
+                      claims=a.claims, resume=a.resume)
 
 
 def _cmd_tune(a: argparse.Namespace) -> int:
@@ -173,6 +175,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     orc.add_argument("--backend", action="append", help="only this backend ('attnkit': attention()'s pick); repeatable")
     orc.add_argument("--filter", help="keep cases whose tag holds every comma-separated word, e.g. varlen,alibi=True")
     orc.add_argument("--merge", nargs="+", metavar="REPORT", help="join shard reports into one (--out)")
+    orc.add_argument("--resume", nargs="+", metavar="REPORT", help="leave out the cases these earlier reports "
+                     "answered for every backend run now (a pass cut by its budget goes on; --merge joins them)")
     orc.set_defaults(func=_cmd_oracle)
 
     tu = sub.add_parser("tune", help="measure every backend over a grid of call features; write selection tables")

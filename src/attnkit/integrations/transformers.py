@@ -10,8 +10,9 @@ HF's flash-attention path, whose mask function attnkit shares: the model hands o
 (or None), never a dense 4D mask. Padded batches and packed sequences (position ids restarting at 0, or
 the cu_seq_lens_* kwargs of DataCollatorWithFlattening) go to attnkit's varlen path; the token indices are
 worked out once per mask and step, not once per layer. Under torch.compile every batch compiles into one graph
-(fullgraph): the token indices of a padding mask are host data, so in a graph the padding is a key bias built
-on the device (a mask-based kernel then serves it, exact for every real token); DataCollatorWithFlattening's
+(fullgraph): the token indices of a padding mask are host data, so in a graph a padded batch is packed on the device
+with static shapes (`padded_segments`: each row's tokens, then its padding, as two sequences), and queries against
+a longer cache get the padding as a key bias built on the device; DataCollatorWithFlattening's
 cu_seq_lens go to the varlen path as device tensors (FlashAttention-4 records it through attnkit's ops).
 Packing found only from restarting position ids needs their host values: outside graphs only. What the adapter cannot serve (attention sinks,
 position biases, a custom 4D mask) fails with one error naming the way out.
@@ -84,6 +85,8 @@ def attention_forward(module: Any, query: Any, key: Any, value: Any, attention_m
                       scaling: float | None = None, sliding_window: int | None = None, softcap: float | None = None,
                       is_causal: bool | None = None, **kwargs: Any) -> tuple[Any, None]:
     """HF's attention-function signature: (B, H, S, D) in, ((B, S, H, Dv), None) out."""
+    import torch
+
     from attnkit.runtime.attention import attention
 
     for name, what in _UNSUPPORTED.items():
@@ -112,10 +115,17 @@ def attention_forward(module: Any, query: Any, key: Any, value: Any, attention_m
                         max_seqlen_q=int(kwargs.get("max_length_q") or sq),
                         max_seqlen_k=int(kwargs.get("max_length_k") or sk), **opts)
         return out.unsqueeze(0), None
+    if attention_mask is not None and _compiling() and sq == sk and _varlen_records(q, k, v, opts):
+        # in a graph the token indices would be host data (a graph break): the batch is packed on the device
+        # instead, with static shapes (padded_segments), and runs the varlen path like the eager one
+        perm, cu = padded_segments(attention_mask, sk)
+        flat = [t.reshape(batch * sq, *t.shape[2:]).index_select(0, perm) for t in (q, k, v)]
+        out = attention(*flat, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=sq, max_seqlen_k=sk, **opts)
+        return torch.empty_like(out).index_copy(0, perm, out).view(batch, sq, heads, out.shape[-1]), None
     if attention_mask is not None and _compiling():
-        # in a graph, the token indices would be host data (a graph break): the padding becomes a key bias built
-        # on the device instead, exact for every real token (a row of padding only, left of a left-padded
-        # sequence, sees padding only: finite values that no real token reads, as HF's own sdpa path gives)
+        # queries against a longer cache: the padding becomes a key bias built on the device, exact for every
+        # real token (a row of padding only, left of a left-padded sequence, sees padding only: finite values
+        # that no real token reads, as HF's own sdpa path gives)
         return attention(q, k, v, attn_bias=_padding_bias(attention_mask, sk), **opts), None
     if attention_mask is not None:
         same, iq, cq, mq, ik, ck, mk = _cached("mask", attention_mask, (sq, sk),
@@ -139,6 +149,24 @@ def attention_forward(module: Any, query: Any, key: Any, value: Any, attention_m
     return attention(q, k, v, **opts), None
 
 
+def padded_segments(mask: Any, s: int) -> tuple[Any, Any]:
+    """A padded batch (HF's 2D mask, batch x >= s, 1 = token) as a packed one, on the device and with static
+    shapes, so a compiled graph needs no host data: `perm` gathers the flattened (batch * s) rows so that each
+    row's tokens come first, in order, then its padding (left or right); `cu` (int32, 2 * batch + 1) makes every
+    row two sequences, its tokens and its padding. Every real token then sees exactly its own row's tokens (the
+    padding is a sequence of its own that no token reads, and a row without padding adds an empty one), and the
+    static bound s is each sequence's max length."""
+    import torch
+
+    keep = mask[:, -s:].bool()
+    batch = keep.shape[0]
+    order = torch.argsort((~keep).to(torch.int32), dim=1, stable=True)
+    perm = (order + torch.arange(batch, device=keep.device)[:, None] * s).reshape(-1)
+    tokens = keep.sum(-1, dtype=torch.int32)
+    lengths = torch.stack([tokens, s - tokens], dim=1).reshape(-1)
+    return perm, torch.nn.functional.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
+
+
 PAD = -1e30  # a finite "never": a row of padding only stays finite (no NaN forward or backward), in fp16 too
 
 
@@ -148,6 +176,21 @@ def _padding_bias(mask: Any, sk: int) -> Any:
 
     keep = mask[:, -sk:].bool()
     return torch.zeros(keep.shape, dtype=torch.float32, device=keep.device).masked_fill(~keep, PAD)[:, None, None, :]
+
+
+def _varlen_records(q: Any, k: Any, v: Any, opts: dict[str, Any]) -> bool:
+    """Whether this graph can record the packed call (graph.records_varlen); if not, the key bias serves it."""
+    import torch
+
+    from attnkit.runtime.call import _dtype_name
+    from attnkit.runtime.graph import constant_window, records_varlen
+
+    window = constant_window(opts.get("window"))  # plain ints (a SymInt is specialised, as attention() does)
+    return records_varlen(q.device.type, q.device.index or 0, _dtype_name(q), int(q.shape[2]), int(k.shape[2]),
+                          int(q.shape[3]), int(v.shape[3]), bool(opts["causal"]),
+                          None if window == (-1, -1) else window, bool(opts["softcap"]), bool(opts["dropout_p"]),
+                          torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)),
+                          torch.are_deterministic_algorithms_enabled())
 
 
 def _compiling() -> bool:

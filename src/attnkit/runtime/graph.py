@@ -21,7 +21,7 @@ import sys
 from typing import Any
 
 from attnkit.runtime.backends import Backend
-from attnkit.runtime.call import Inputs
+from attnkit.runtime.call import AttentionCall, Inputs
 
 
 def run_traced(inp: Inputs, backend: str | None, trace: str) -> Any:
@@ -33,6 +33,27 @@ def run_traced(inp: Inputs, backend: str | None, trace: str) -> Any:
     call, params = inp.prepare(trace)
     b: Backend = SELECTOR.select(call, probe(), backend)
     return b.bind(call, params, inp.q, inp.k, inp.v)(inp.q, inp.k, inp.v)
+
+
+def records_varlen(device: str, device_index: int, dtype: str, heads: int, kv_heads: int, head_dim: int,
+                   head_dim_v: int, causal: bool, window: tuple[int, int] | None, softcap: bool, dropout: bool,
+                   requires_grad: bool, deterministic: bool = False) -> bool:
+    """Whether a graph can record a varlen call of this description: some backend's limits take it under
+    torch.compile (FlashAttention-4's or flash-attn's ops, flex forward-only). A caller that can pack a padded
+    batch on the device (the HF adapter) asks before choosing that over a key bias. Marked with dynamo's
+    assume_constant_result when dynamo loads: run once while tracing, its answer is a constant of the graph."""
+    from attnkit.runtime.probe import probe
+    from attnkit.runtime.select import SELECTOR, NoBackendError
+
+    call = AttentionCall(device=device, device_index=device_index, dtype=dtype, batch=2, seqlen_q=2, seqlen_k=2,
+                         heads=heads, kv_heads=kv_heads, head_dim=head_dim, head_dim_v=head_dim_v, causal=causal,
+                         dropout=dropout, window=window, alibi=False, bias=False, varlen=True,
+                         requires_grad=requires_grad, deterministic=deterministic, softcap=softcap, trace="compile")
+    try:
+        SELECTOR.select(call, probe())
+    except NoBackendError:
+        return False
+    return True
 
 
 Ratio = tuple[int, int]
@@ -95,6 +116,7 @@ def _register() -> None:
     mark = getattr(torch._dynamo, "nonstrict_trace", None)  # torch >= 2.7; older ones break the graph here
     if mark is not None and ENTRY is compiled:
         ENTRY = mark(compiled)
+    torch._dynamo.assume_constant_result(records_varlen)  # marks the function itself
 
 
 class _OnDynamoImport(importlib.abc.MetaPathFinder):

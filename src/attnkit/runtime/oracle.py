@@ -273,12 +273,13 @@ def counts(cases: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
 
 def run_oracle(tests: str, out: str | None = None, budget: float = 600.0, shard: tuple[int, int] | None = None,
                backends: list[str] | None = None, words: list[str] | None = None, quiet: bool = False,
-               forced_budget: float | None = None, claims: str | None = None) -> int:
+               forced_budget: float | None = None, claims: str | None = None, resume: list[str] | None = None) -> int:
     """Run the grid (or a shard of it) within `budget` seconds; 1 if any backend answered a case wrongly.
     After `forced_budget` seconds the remaining cases run attention()'s own pick only: the check users rely on
     covers the whole grid even where a budget leaves the forced backends a sample of it. With `claims` (a
     folder shared by the processes of one pass) each process runs the kernel configurations it claims first
-    (see claim()) instead of a fixed shard."""
+    (see claim()) instead of a fixed shard. `resume`: earlier reports of this grid; the cases they answered for
+    every backend run here are left out (a pass cut by its budget goes on where it stopped; --merge joins them)."""
     import torch
 
     from attnkit._io import write_atomic
@@ -310,7 +311,10 @@ def run_oracle(tests: str, out: str | None = None, budget: float = 600.0, shard:
         except OSError as exc:
             raise UsageError(f"--claims: {shown(claims)}: not a folder claims can be written to "
                              f"({exc.strerror or type(exc).__name__})") from None
-    cases = select_cases(grid(), shard, words)
+    here = {"tests_sha256": ref["__sha256__"], "device": device, "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name() if device == "cuda" else None}
+    earlier = answered(resume, run, here) if resume else set()
+    cases = [c for c in select_cases(grid(), shard, words) if c.tag not in earlier]
     if device == "cpu":  # a dry run: small cases a CPU does in seconds
         cases = [c for c in cases if c.sq <= 128 and c.sk <= 256 and c.d in (32, 59) and c.dtype == "float16"]
     whole = len(cases)
@@ -342,6 +346,7 @@ def run_oracle(tests: str, out: str | None = None, budget: float = 600.0, shard:
            "rule": "output error <= 2x, gradient errors <= 3x the error of PyTorch's low-precision math "
                    "(flash-attn's tests), both against the fp32 reference",
            "shard": list(shard) if shard else None, "backends": run, "filter": words, "budget_s": budget,
+           **({"resumed": {"reports": list(resume), "cases_answered": len(earlier)}} if resume else {}),
            "seconds": round(time.monotonic() - t0, 1), "grid_cases": taken if claim_dir else len(cases),
            "skipped_budget": skipped, **({"claims": str(claim_dir), "worker": worker, "pass_grid_cases": whole} if claim_dir else {}),
            "forced_budget_s": forced_budget, "own_pick_only": own_only,
@@ -356,24 +361,7 @@ def merge(paths: list[str], out: str | None, quiet: bool = False) -> int:
     """Shard reports -> one report (cases by tag, counts recomputed); 1 if any case failed."""
     from attnkit._io import write_atomic
 
-    docs = []
-    for path in paths:
-        try:
-            docs.append(json.loads(Path(path).read_text(encoding="utf-8")))
-        except (OSError, ValueError, RecursionError) as exc:
-            raise UsageError(f"--merge: {path}: not a readable oracle report ({type(exc).__name__})") from None
-        if not isinstance(docs[-1], dict) or not isinstance(docs[-1].get("cases"), list):
-            raise UsageError(f"--merge: {path}: not an oracle report (no 'cases' list)")
-        bad = next((i for i, c in enumerate(docs[-1]["cases"]) if not (
-            isinstance(c, dict) and isinstance(c.get("case"), str) and isinstance(c.get("results"), dict)
-            and all(isinstance(r, dict) and r.get("outcome") in ("pass", "fail", "refused")
-                    for r in c["results"].values()))), None)
-        if bad is not None:
-            raise UsageError(f"--merge: {path}: cases[{bad}] is not an oracle case (a 'case' tag and 'results' "
-                             "whose outcomes are pass, fail or refused)")
-        field = _bad_report_field(docs[-1])
-        if field:
-            raise UsageError(f"--merge: {path}: {field} is not what `attnkit oracle` writes")
+    docs = [read_report(path, "--merge") for path in paths]
     by_tag: dict[str, dict[str, Any]] = {}
     for d in docs:  # one case from several reports (an own-pick pass and a forced pass): its results joined,
         for c in d["cases"]:  # a later report's result for a backend replacing an earlier one
@@ -413,6 +401,43 @@ def merge(paths: list[str], out: str | None, quiet: bool = False) -> int:
         write_atomic(Path(out), json.dumps(doc, indent=1))
     _print(doc, quiet, out)
     return 1 if any(r["fail"] for r in doc["counts"].values()) else 0
+
+
+def read_report(path: str, flag: str) -> dict[str, Any]:
+    """An oracle report, checked as far as merge() and --resume read it; a one-line error naming `flag` if not."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise UsageError(f"{flag}: {shown(path)}: not a readable oracle report ({type(exc).__name__})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("cases"), list):
+        raise UsageError(f"{flag}: {shown(path)}: not an oracle report (no 'cases' list)")
+    bad = next((i for i, c in enumerate(doc["cases"]) if not (
+        isinstance(c, dict) and isinstance(c.get("case"), str) and isinstance(c.get("results"), dict)
+        and all(isinstance(r, dict) and r.get("outcome") in ("pass", "fail", "refused")
+                for r in c["results"].values()))), None)
+    if bad is not None:
+        raise UsageError(f"{flag}: {shown(path)}: cases[{bad}] is not an oracle case (a 'case' tag and 'results' "
+                         "whose outcomes are pass, fail or refused)")
+    field = _bad_report_field(doc)
+    if field:
+        raise UsageError(f"{flag}: {shown(path)}: {field} is not what `attnkit oracle` writes")
+    return doc
+
+
+def answered(paths: list[str], backends: list[str], here: dict[str, Any]) -> set[str]:
+    """The cases that earlier reports hold an outcome for, for every one of `backends` (what --resume skips).
+    A report of another tests file, device, GPU or torch answered other questions under the same tags: refused."""
+    tags: dict[str, set[str]] = {}
+    for path in paths:
+        doc = read_report(path, "--resume")
+        for key, what in (("tests_sha256", "tests file (sha256)"), ("device", "device"), ("gpu", "GPU"),
+                          ("torch", "torch")):
+            if doc.get(key) != here[key]:
+                raise UsageError(f"--resume: {shown(path)}: ran on another {what} ({str(doc.get(key))[:24]}; this "
+                                 f"run: {str(here[key])[:24]}); resume from reports of the same set-up")
+        for c in doc["cases"]:
+            tags.setdefault(c["case"], set()).update(c["results"])
+    return {t for t, names in tags.items() if set(backends) <= names}
 
 
 def _bad_report_field(d: dict[str, Any]) -> str | None:
