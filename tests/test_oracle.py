@@ -267,7 +267,14 @@ def test_resume_runs_only_what_earlier_reports_left_and_merges_to_the_whole(tmp_
     ran = {c["case"] for c in doc["cases"]}
     assert ran == {c["case"] for c in whole[len(whole) // 2:]} and doc["resumed"]["cases_answered"] == len(part["cases"])
     assert oracle.merge([str(first), str(second)], str(merged), quiet=True) == 0
-    assert len(json.loads(merged.read_text())["cases"]) == len(whole)
+    m = json.loads(merged.read_text())
+    assert len(m["cases"]) == len(whole) and m["skipped_budget"] == 0
+    assert m["passes"] == [{"backends": ["attnkit"], "grid_cases": len(whole), "cases": len(whole), "skipped_budget": 0}]
+    # a merged report resumed and merged again (stop then go on): its pass stays one pass, not an unnamed part
+    third, remerged = tmp_path / "third.json", tmp_path / "remerged.json"
+    oracle.merge([str(first)], str(third), quiet=True)
+    oracle.merge([str(third), str(second)], str(remerged), quiet=True)
+    assert json.loads(remerged.read_text())["passes"] == m["passes"]
     again = tmp_path / "again.json"  # sdpa_math has no outcome in the earlier report: every case runs for it
     oracle.run_oracle(REF, out=str(again), backends=["attnkit", "sdpa_math"], words=words, quiet=True,
                       resume=[str(first)])

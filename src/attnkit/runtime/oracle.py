@@ -314,10 +314,12 @@ def run_oracle(tests: str, out: str | None = None, budget: float = 600.0, shard:
     here = {"tests_sha256": ref["__sha256__"], "device": device, "torch": torch.__version__,
             "gpu": torch.cuda.get_device_name() if device == "cuda" else None}
     earlier = answered(resume, run, here) if resume else set()
-    cases = [c for c in select_cases(grid(), shard, words) if c.tag not in earlier]
+    cases = select_cases(grid(), shard, words)
     if device == "cpu":  # a dry run: small cases a CPU does in seconds
         cases = [c for c in cases if c.sq <= 128 and c.sk <= 256 and c.d in (32, 59) and c.dtype == "float16"]
+    # the pass's whole selection; a claiming or a resumed run is one part of it (merge takes the largest, not a sum)
     whole = len(cases)
+    cases = [c for c in cases if c.tag not in earlier]
     worker = uuid.uuid4().hex[:12]
     if claim_dir is not None:
         cases = by_group_heaviest_first(cases)
@@ -348,7 +350,8 @@ def run_oracle(tests: str, out: str | None = None, budget: float = 600.0, shard:
            "shard": list(shard) if shard else None, "backends": run, "filter": words, "budget_s": budget,
            **({"resumed": {"reports": list(resume), "cases_answered": len(earlier)}} if resume else {}),
            "seconds": round(time.monotonic() - t0, 1), "grid_cases": taken if claim_dir else len(cases),
-           "skipped_budget": skipped, **({"claims": str(claim_dir), "worker": worker, "pass_grid_cases": whole} if claim_dir else {}),
+           "skipped_budget": skipped, **({"claims": str(claim_dir), "worker": worker} if claim_dir else {}),
+           **({"pass_grid_cases": whole} if claim_dir or resume else {}),
            "forced_budget_s": forced_budget, "own_pick_only": own_only,
            "unavailable": {n: r for n, r in unavailable.items() if r}, "counts": counts(done), "cases": done}
     if out:
@@ -367,9 +370,10 @@ def merge(paths: list[str], out: str | None, quiet: bool = False) -> int:
         for c in d["cases"]:  # a later report's result for a backend replacing an earlier one
             by_tag.setdefault(c["case"], {"case": c["case"], "results": {}})["results"].update(c["results"])
     cases = list(by_tag.values())
-    # a re-run shard: its last report; claiming processes are one part each
-    latest = {(tuple(d.get("backends") or ("?",)), str(d.get("shard")), str(d.get("claims")), str(d.get("worker"))): d
-              for d in docs}
+    # a re-run shard: its last report; claiming processes, and a run resuming earlier ones, are one part each
+    latest = {(tuple(d.get("backends") or ("?",)), str(d.get("shard")), str(d.get("claims")), str(d.get("worker")),
+               str(d.get("resumed"))): d
+              for d in (part for doc in docs for part in pass_parts(doc))}
     # reports of one backend list are the parts of one pass: its cases counted once each (shards from two sessions
     # or a claiming pass beside a sharded one overlap), its size the sum of its distinct shards or, for claiming
     # processes, the selection they shared; what no part ran is left by the budget
@@ -401,6 +405,19 @@ def merge(paths: list[str], out: str | None, quiet: bool = False) -> int:
         write_atomic(Path(out), json.dumps(doc, indent=1))
     _print(doc, quiet, out)
     return 1 if any(r["fail"] for r in doc["counts"].values()) else 0
+
+
+def pass_parts(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """A report as parts of its passes: a run's report is one part; a merged one (what --resume continues) one
+    part per pass it lists, holding that pass's cases, so merging it again keeps which pass covered what."""
+    passes = doc.get("passes")
+    if "merged" not in doc or not isinstance(passes, list) or not all(
+            isinstance(p, dict) and isinstance(p.get("backends"), list) and isinstance(p.get("grid_cases"), int)
+            for p in passes):
+        return [doc]
+    return [{"backends": p["backends"], "shard": "merged", "pass_grid_cases": p["grid_cases"],  # a whole pass:
+             "cases": [c for c in doc["cases"] if set(p["backends"]) <= set(c["results"])]}  # its size, not a part's
+            for p in passes]
 
 
 def read_report(path: str, flag: str) -> dict[str, Any]:
