@@ -61,14 +61,39 @@ def test_cell_key_names_every_categorical_feature():
     assert table.varlen_class(replace(short, lengths_q=(4000, 3000))) == "long"
 
 
-def test_nearest_point_head_dim_first_then_work_with_ties_to_the_larger():
+def test_nearest_point_by_the_larger_normalised_distance_with_ties_to_the_larger():
     pts = [pt(64, 30, "a"), pt(128, 30, "b"), pt(128, 36, "c"), pt(256, 36, "d")]
     assert table.nearest(pts, 96, 30)["order"] == ["b"]  # log2: 96 is nearer 128 than 64
-    assert table.nearest(pts, 100, 40)["order"] == ["c"]  # head dim decides before work
-    assert table.nearest(pts, 88, 40)["order"] == ["a"]  # log2(88) is nearer 64 than 128
-    assert table.nearest(pts, 128, 33)["order"] == ["c"]  # a tie in work goes to the larger
-    assert table.nearest([pt(64, 36, "a"), pt(256, 36, "d")], 128, 36)["order"] == ["d"]  # a tie in head dim
-    assert table.nearest(pts, 40, 99)["order"] == ["a"]
+    assert table.nearest(pts, 100, 40)["order"] == ["c"]  # work 4 octaves off (1.33) beats 10 off (3.33)
+    # 88: a's head dim is nearer (0.46 octave), but its work is 10 octaves off; c's head dim is 0.54 octave off
+    # and its work 4: the larger of the two normalised distances decides (rule 2), so c
+    assert table.nearest(pts, 88, 40)["order"] == ["c"]
+    assert table.distance(pts[2], 88, 40) == pytest.approx(4 / table.FAR_LOG2)
+    # b, c and d are all at distance 1; d is also off in head dim (the larger sum), b and c tie: the larger work
+    assert table.nearest(pts, 128, 33)["order"] == ["c"]
+    assert table.nearest([pt(64, 36, "a"), pt(256, 36, "d")], 128, 36)["order"] == ["d"]  # a tie: the larger head dim
+    assert table.distance(pt(64, 36, "a"), 128, 36) == 1.0  # an octave of head dim is still near
+    assert table.distance(pt(128, 36, "a"), 128, 36 + table.FAR_LOG2 + 0.1) > 1.0
+
+
+def test_a_half_precision_call_takes_its_siblings_cell_where_its_own_has_no_near_point(tables):
+    c = call()  # bfloat16
+    own, sib = table.cell_of(c), table.cell_of(replace(c, dtype="float16"))
+    assert table.sibling(own) == sib and table.sibling(sib) == own
+    assert table.sibling(table.cell_of(replace(c, dtype="float32"))) is None
+    w = table.log2_work(c)
+    write(tables, _table({sib: [pt(128, w, "sdpa_flash")]}))  # measured in float16 only
+    order, d = priority.order_for(c, (9, 0))
+    assert d.source == "table" and order[0] == "sdpa_flash" and "float16" in d.label
+    # its own cell decides where it has a near point; a far own point gives way to a near sibling point
+    write(tables, _table({own: [pt(128, w, "sdpa_cudnn")], sib: [pt(128, w, "sdpa_flash")]}))
+    assert priority.order_for(c, (9, 0))[0][0] == "sdpa_cudnn"
+    write(tables, _table({own: [pt(128, w + 5, "sdpa_cudnn")], sib: [pt(128, w, "sdpa_flash")]}))
+    assert priority.order_for(c, (9, 0))[0][0] == "sdpa_flash"
+    # float32 has no sibling: a float16 table cell never decides it
+    c32 = replace(c, dtype="float32")
+    write(tables, _table({table.cell_of(replace(c32, dtype="float16")): [pt(128, w, "sdpa_flash")]}))
+    assert priority.order_for(c32, (9, 0))[1].source != "table"
 
 
 def test_table_decides_where_it_has_the_cell_and_never_hides_a_backend(tables):
@@ -380,6 +405,56 @@ def test_compile_only_leaves_a_case_it_cannot_hold_to_the_timed_run(monkeypatch)
     assert said[1] == f"compiled {made[1]}"
 
 
+def test_compile_only_runs_just_the_backends_that_compile(monkeypatch):
+    """The compile phase's shards run FA4 and flex only: the rest have nothing to cache, and sdpa_math's score
+    matrix at the largest work levels is what ran 7 of 16 shards out of GPU memory (2026-12-01)."""
+    from attnkit.bench import timer
+
+    seen: list[str] = []
+
+    def warm(runs, device, times=2):
+        seen.extend(runs)
+        return {}, {}
+
+    monkeypatch.setattr(timer, "warm", warm)
+    s = next(x for x in tune.plan(tune.QUICK) if not x.alibi)
+    assert tune._compile_case(s, "cpu") == 0
+    assert seen and all(REGISTRY[n.split(":", 1)[1]].compiles for n in seen)
+    assert {n for n, b in REGISTRY.items() if b.compiles} == {"flash_attn4", "flex", "flex_flash"}
+
+
+def test_the_sweep_prunes_a_slow_backend_after_its_first_calls(monkeypatch):
+    """prune: a candidate 3x slower than the fastest in the first two calls is not timed again; its first time
+    stands for both modes, so it still ranks (last)."""
+    from attnkit.bench import run as bench_run
+
+    timed: list[set[str]] = []
+
+    def interleaved(runs, device, iters, calls=1, seed=0):
+        timed.append(set(runs))
+        return {n: (10.0 if n == "attnkit:sdpa_math" else 1.0 + 0.1 * i) for i, n in enumerate(sorted(runs))}
+
+    monkeypatch.setattr(bench_run, "interleaved", interleaved)
+    s = next(x for x in tune.plan(tune.QUICK) if not x.alibi)
+    r = bench_run.bench_shape(s, "cpu", iters=1, rounds=1, backends_only=True, prune=3.0)
+    assert "attnkit:sdpa_math" in timed[0] and all("attnkit:sdpa_math" not in t for t in timed[1:])
+    assert r["ms"]["attnkit:sdpa_math"]["fwd"] == {"sync": 1e4, "b2b": 1e4, "pruned": True}
+    assert tune.decision_order(r, "fwd")[-1] == "sdpa_math"
+    r = bench_run.bench_shape(s, "cpu", iters=1, rounds=1, backends_only=True)  # the bench: no pruning
+    assert "pruned" not in r["ms"]["attnkit:sdpa_math"]["fwd"]
+
+
+def test_a_case_computes_its_float64_reference_once_for_all_its_candidates(monkeypatch):
+    from attnkit.runtime import reference
+
+    real, n = reference.reference_rows, []
+    monkeypatch.setattr(reference, "reference_rows", lambda *a, **k: (n.append(1), real(*a, **k))[1])
+    s = next(x for x in tune.plan(tune.QUICK) if not x.alibi)
+    r = __import__("attnkit.bench.run", fromlist=["bench_shape"]).bench_shape(s, "cpu", iters=1, rounds=1,
+                                                                              backends_only=True)
+    assert len(r["max_err"]) >= 2 and len(n) == len({0, s.batch - 1})
+
+
 def test_scores_rank_by_the_worse_mode_and_drop_wrong_backends():
     r = {"ms": {"attnkit:a": {"fwd": {"sync": 1.0, "b2b": 3.0}}, "attnkit:b": {"fwd": {"sync": 1.5, "b2b": 1.5}},
                 "attnkit:c": {"fwd": {"sync": 0.1, "b2b": 0.1}}, "sdpa_plain": {"fwd": {"sync": 0.1, "b2b": 0.1}}},
@@ -535,10 +610,17 @@ def test_the_timed_run_measures_what_compile_only_compiled_first(tmp_path, monke
     those first, so its budget is spent timing, not compiling (a 320 s case on the H200, 2026-12-01)."""
     out = tmp_path / "t.jsonl"
     todo = [s.label for s in tune.plan(tune.QUICK)]
-    monkeypatch.setattr(tune, "_compile_case", lambda s, device: 0)
+    held_out = [s.label for s in tune.validation_shapes(quick=True)]
+    compiled: dict[str, bool] = {}
+    monkeypatch.setattr(tune, "_compile_case", lambda s, device, every_candidate=False:
+                        compiled.__setitem__(s.label, every_candidate) or 0)
     tune.compile_only(quick=True, shard=(2, 3), say=lambda *_: None, skip_done=out)
     listed = tune.compiled_labels(out)
-    assert listed == set(todo[1::3]) and tune.compiled_path(out).name == "t.jsonl.compiled"
+    # the held-out shapes come first (every candidate compiled: validate times the libraries' own calls too),
+    # and are not listed for the timed run, which measures grid points only
+    mine = [*held_out, *todo][1::3]
+    assert list(compiled) == mine and [compiled[x] for x in mine] == [x in held_out for x in mine]
+    assert listed == set(mine) - set(held_out) and tune.compiled_path(out).name == "t.jsonl.compiled"
     timed = []
 
     def bench(s, *a, **k):
@@ -548,3 +630,10 @@ def test_the_timed_run_measures_what_compile_only_compiled_first(tmp_path, monke
     monkeypatch.setattr(tune, "bench_shape", bench)
     tune.run(out, quick=True, max_cases=len(listed) + 1, say=lambda *_: None)
     assert set(timed[:len(listed)]) == listed and timed[len(listed)] == todo[0]  # then the plan's order
+    # --only-compiled: nothing else, and what waits for a compile phase is counted as left
+    timed.clear()
+    r = tune.run(tmp_path / "u.jsonl", quick=True, say=lambda *_: None, only_compiled=True)
+    assert timed == [] and r["ran"] == 0 and r["not_compiled"] == len(todo) == r["left"]
+    tune.compiled_path(tmp_path / "u.jsonl").write_text(todo[3] + "\n")
+    r = tune.run(tmp_path / "u.jsonl", quick=True, say=lambda *_: None, only_compiled=True)
+    assert timed == [todo[3]] and r["ran"] == 1 and r["not_compiled"] == len(todo) - 1

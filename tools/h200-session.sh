@@ -12,13 +12,19 @@
 #             packed into $OUT/results.tar.gz (one file: $OUT brings back 8 at most) and its log printed.
 #             REFRESH=1 first copies this call's src/ to $S/src: phases not yet started run the fixed code
 #             (only between phases: a running one imports lazily and could see half of the copy)
-#   job       the phases, each writing under $S/results (a phase's failure is logged, the next one runs):
-#             smoke (beside the oracle); oracle: flash-attn's grid in 16 processes side by side, the own pick over
-#             the whole grid (ORACLE_OWN s), then every backend forced (ORACLE_FORCED s), merged; the HF training
-#             step eager and compiled (HF_S s); bench --compiled (COMPILED_S s); tune: the plan's JIT kernels
-#             compiled by 16 CPU shards (TUNE_COMPILE s), the timed sweep alone on the GPU (TUNE_BUDGET s),
-#             merged into sm90.json + PNG; --validate against that table (VALIDATE_S s; it writes each shape as
-#             it lands)
+#   job       the phases in ORDER (default "checks hf compiled tune"), each writing under $S/results (a phase's
+#             failure is logged, the next one runs):
+#             checks: smoke (beside the oracle; SMOKE_ONLY=none leaves it out, SMOKE_SPLIT=attnkit runs only
+#               attention()'s own rows, in 3 processes); oracle: flash-attn's grid in 16
+#               processes side by side, the own pick over the whole grid (ORACLE_OWN s), then every backend forced
+#               (ORACLE_FORCED s; 0 leaves it out), merged;
+#             hf: the HF training step eager and compiled (HF_S s); compiled: bench --compiled (COMPILED_S s);
+#             tune: the plan's JIT kernels (FA4, flex) and the held-out shapes' compiled by 16 CPU shards
+#               (TUNE_COMPILE s), the timed sweep alone on the GPU over what they compiled (TUNE_BUDGET s;
+#               ONLY_COMPILED=0 times the rest too), merged into sm90.json + PNG; --validate against that table
+#               (VALIDATE_S s; it writes each shape as it lands).
+#             A phase after the sweep runs with its table (ATTNKIT_SELECTION_DIR): ORDER="tune checks" checks the
+#             runtime's picks as they are once the table is packaged
 # every `timeout` also kills (-k 15) 15 s after its TERM: a TERM'd compile waits for inductor's workers (session 4's
 # 120 s compile phase took 237 s)
 set -uo pipefail
@@ -35,10 +41,15 @@ on() {   # a phase with budget 0 is left out; a budget that is not whole seconds
   [ "$1" -gt 0 ] || { phase "skipped: $2 (its budget is 0)"; return 1; }
 }
 
-job() {
-  export PYTHONPATH=$S/src PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore ATTNKIT_CACHE_DIR=$S/ak-cache \
-    ATTNKIT_MACHINE_LABEL=h200
-  local ak="python3 -m attnkit.cli" i
+ak="python3 -m attnkit.cli"
+
+table_in_use() {   # the phases after the sweep check and time the runtime as it decides from this session's table
+  if [ -s "$R/selection/sm90.json" ]; then export ATTNKIT_SELECTION_DIR=$R/selection; phase "  (selection from $R/selection/sm90.json)"; fi
+}
+
+checks() {
+  local i
+  table_in_use
   phase "smoke + oracle (own pick)"
   mkdir -p "$R/oracle"
   # the smoke in 4 processes side by side: flex's rows (it compiles each signature: 12 of the 15 min on
@@ -48,13 +59,19 @@ job() {
   others=$(python3 -c "from attnkit.runtime.backends import REGISTRY; from attnkit.runtime.smoke import AUTO, COMPILED; print(' '.join('--backend ' + n for n in [*REGISTRY, AUTO, COMPILED] if n != 'flex'))")
   if [ -z "$groups" ] || [ -z "$others" ]; then phase "smoke split: listing failed, one process"; groups=; others=; fi
   if [ -n "${SMOKE_ONLY:-}" ]; then groups=; others=$SMOKE_ONLY; fi   # e.g. "--backend attnkit-compiled": those rows only
+  if [ "${SMOKE_ONLY:-}" = none ]; then groups=; others=; phase "skipped: smoke (SMOKE_ONLY=none)"; fi
+  # SMOKE_SPLIT=BACKEND: that backend's rows alone, split by case over the 3 processes (flex's by default)
+  local split=${SMOKE_SPLIT:-flex}
+  if [ -n "${SMOKE_SPLIT:-}" ]; then others=; fi
   j=0
   for g in $groups; do   # flex compiles: 4 inductor threads each, beside the oracle's 16 single-threaded shards
     j=$((j + 1))
-    (TORCHINDUCTOR_COMPILE_THREADS=4 ATTNKIT_REPORT_DIR=$R $ak smoke --backend flex $(echo "$g" | sed 's/^/--case /; s/,/ --case /g') \
-      --report "$R/smoke-flex-$j.json" > "$R/smoke-flex-$j.log" 2>&1; echo "smoke flex $j rc=$?" >> "$R/phases.log") &
+    (TORCHINDUCTOR_COMPILE_THREADS=4 ATTNKIT_REPORT_DIR=$R $ak smoke --backend "$split" $(echo "$g" | sed 's/^/--case /; s/,/ --case /g') \
+      --report "$R/smoke-$split-$j.json" > "$R/smoke-$split-$j.log" 2>&1; echo "smoke $split $j rc=$?" >> "$R/phases.log") &
   done
+  if [ -n "$others" ]; then
   (ATTNKIT_REPORT_DIR=$R $ak smoke $others --report "$R/smoke.json" > "$R/smoke.log" 2>&1; echo "smoke rc=$?" >> "$R/phases.log") &
+  fi
   # 2026-12-01: 16 shards with every backend forced ran 461 cases in 300 s, the own pick alone ~20 cases/s:
   # the own pick over the whole grid first, then the forced backends for what is left of the budget. The 16
   # processes claim kernel configurations from one folder per pass (oracle --claims): static shards finished in
@@ -70,7 +87,8 @@ job() {
     pids+=($!)
   done
   wait "${pids[@]}"   # the oracle shards only: the smoke (15 min on the H200 on 2026-12-01) goes on beside the forced
-  # backends, up to the tune phases
+  # backends, up to the next phases
+  if on "$ORACLE_FORCED" "oracle (forced backends)"; then
   phase "oracle (forced backends)"
   forced=$(python3 -c "from attnkit.runtime.backends import REGISTRY; print(' '.join('--backend ' + n for n in REGISTRY))")
   pids=()
@@ -80,10 +98,16 @@ job() {
     pids+=($!)
   done
   wait "${pids[@]}"
-  $ak oracle --merge $earlier "$R"/oracle/own-*.json "$R"/oracle/shard-*.json --out "$R/oracle.json" > "$R/oracle-merge.log" 2>&1
-  phase "oracle merged rc=$? ($(ls "$R"/oracle/shard-*.json 2>/dev/null | wc -l) shards)"
+  fi
+  local reports
+  reports=$(ls "$R"/oracle/own-*.json "$R"/oracle/shard-*.json 2>/dev/null)   # the forced pass may be left out
+  $ak oracle --merge $earlier $reports --out "$R/oracle.json" > "$R/oracle-merge.log" 2>&1
+  phase "oracle merged rc=$? ($(echo $reports | wc -w) reports)"
   [ -s "$R/oracle.json" ] && rm -rf "$R"/oracle/shard-*.json "$R"/oracle/own-*.json "$R"/oracle/claims-*   # merged; logs stay
   wait   # the smoke: the compile shards' tensors (up to 64 GiB a case) would make its rows fail for want of memory
+}
+
+hf() {
   # the compile issue's HF step: a 2-layer Llama (GQA 16/4, D128), full / padded / packed batches, sdpa and
   # attnkit, eager and compiled(fullgraph), with graph breaks counted (bench/integrations.py)
   if on "$HF_S" "integrations (HF step)"; then
@@ -92,6 +116,9 @@ job() {
     > "$R/integrations.log" 2>&1
   phase "integrations rc=$?"
   fi
+}
+
+compiled() {
   # compiled vs eager before the sweep (both on the same selection, so the sweep's table does not change the
   # ratio): the compile issue's baseline rows first (docs/results/2026-12-01-h200-compile-before-ops.json), then more JIT picks
   if on "$COMPILED_S" compiled; then
@@ -103,6 +130,10 @@ job() {
     --shape "decode GQA 32/8 D128 Sk4096" --shape "train D96 S2048 causal" > "$R/compiled.log" 2>&1
   phase "compiled rc=$?"
   fi
+}
+
+tune() {
+  local i
   if on "$TUNE_BUDGET" tune && on "$TUNE_COMPILE" "tune (its compile phase)"; then
   phase "tune compile"
   mkdir -p "$R/tune"
@@ -114,7 +145,9 @@ job() {
   done
   wait "${pids[@]}"
   phase "tune timed"
-  $ak tune --out "$R/tune.jsonl" --resume --budget "$TUNE_BUDGET" > "$R/tune/tune.log" 2>&1
+  # ONLY_COMPILED=1: the timed run measures what the compile phase finished (no JIT compile in its budget)
+  $ak tune --out "$R/tune.jsonl" --resume --budget "$TUNE_BUDGET" $([ "${ONLY_COMPILED:-1}" = 1 ] && echo --only-compiled) \
+    > "$R/tune/tune.log" 2>&1
   phase "tune rc=$? ($(grep -c '"shape"' "$R/tune.jsonl" 2>/dev/null) cases)"
   fi
   if [ -s "$R/tune.jsonl" ]; then   # this session's sweep, or TUNE_FROM's alone: the table validate decides from
@@ -127,6 +160,15 @@ job() {
   ATTNKIT_SELECTION_DIR=$R/selection timeout -k 15 "$VALIDATE_S" $ak tune --validate --out "$R/validate.json" > "$R/validate.log" 2>&1
   phase "validate rc=$?"
   fi
+}
+
+job() {
+  export PYTHONPATH=$S/src PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore ATTNKIT_CACHE_DIR=$S/ak-cache \
+    ATTNKIT_MACHINE_LABEL=h200
+  local p
+  for p in ${ORDER:-checks hf compiled tune}; do
+    case $p in checks|hf|compiled|tune) $p ;; *) phase "skipped: unknown phase '$p' in ORDER (checks hf compiled tune)" ;; esac
+  done
   phase "DONE"
 }
 

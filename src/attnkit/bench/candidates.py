@@ -33,6 +33,7 @@ class Case:
         self.grad_out = torch.randn((*self.q.shape[:-1], s.head_dim), generator=t.generator, device=device,
                                     dtype=self.q.dtype)
         self.plain: Callable[[Any, Any, Any], Any] = self._make_plain()
+        self.references: dict[int, Any] = {}  # bench/numerics.py: the float64 reference rows, per sequence
 
     def call(self, grad: bool) -> Any:
         import torch

@@ -24,9 +24,13 @@ TARGET_ORACLE = 0.97
 TARGET_PLAIN = 0.98
 
 
-def bench_shape(s: Shape, device: str, iters: int = 15, rounds: int = 5, backends_only: bool = False) -> dict[str, Any]:
+def bench_shape(s: Shape, device: str, iters: int = 15, rounds: int = 5, backends_only: bool = False,
+                prune: float = 0.0) -> dict[str, Any]:
     """One shape raced in both timing modes, forward and (train) fwd+bwd, every output checked. `backends_only`:
-    only attention() forced to each backend (the tune sweep: a table ranks backends, nothing else)."""
+    only attention() forced to each backend (the tune sweep: a table ranks backends, nothing else). `prune` (the
+    sweep's): a candidate more than `prune` times slower than the fastest in the first two timed calls is not
+    timed further; that time stands for both modes (marked "pruned"): it ranks last either way, and on large calls
+    the slow candidates took most of a case's time."""
     import torch
 
     from attnkit.runtime.backends.flex import allow_many_signatures
@@ -69,11 +73,17 @@ def bench_shape(s: Shape, device: str, iters: int = 15, rounds: int = 5, backend
                         out["wrong"][n] = f"forward max error {e:.3g} > {tol}"
             runs = {n: fn for n, fn in runs.items() if n not in out["wrong"]}
             t_one = interleaved(runs, device, iters=2)
-            calls = max(3, min(200, int(4e-3 / max(1e-6, min(t_one.values())))))
-            sync = interleaved(runs, device, iters=iters, seed=1)
-            b2b = interleaved(runs, device, iters=rounds, calls=calls, seed=2)
+            fastest = min(t_one.values(), default=1e-6)
+            calls = max(3, min(200, int(4e-3 / max(1e-6, fastest))))
+            slow = {n for n, t in t_one.items() if prune and t > prune * fastest}
+            timed = {n: fn for n, fn in runs.items() if n not in slow}
+            sync = interleaved(timed, device, iters=iters, seed=1)
+            b2b = interleaved(timed, device, iters=rounds, calls=calls, seed=2)
         for n in runs:
-            out["ms"].setdefault(n, {})[ps] = {"sync": sync[n] * 1e3, "b2b": b2b[n] * 1e3}
+            if n in slow:
+                out["ms"].setdefault(n, {})[ps] = {"sync": t_one[n] * 1e3, "b2b": t_one[n] * 1e3, "pruned": True}
+            else:
+                out["ms"].setdefault(n, {})[ps] = {"sync": sync[n] * 1e3, "b2b": b2b[n] * 1e3}
         out.setdefault("b2b_calls", {})[ps] = calls
     out["selected"] = out["selected_by_pass"][passes[-1]]
     out["head_dim"] = s.head_dim

@@ -43,6 +43,7 @@ EXTRAS = ("-", "window", "softcap", "alibi")
 VARLEN = ("no", "short", "mixed", "long")
 WORK_LOG2 = (27, 31, 35, 39)  # total work from tiny (tens of us) to huge (tens of ms on an H200)
 POINTS_PER_CELL = 2
+PRUNE = 3.0  # a backend 3x slower than the fastest in its first calls is not timed further (bench_shape's prune)
 FEATURES: dict[str, tuple[Any, ...]] = {"head_dim": HEAD_DIMS, "dtype": DTYPES, "causal": (True, False), "kv": tuple(KV),
             "query_shape": QUERY_SHAPES, "extra": EXTRAS, "varlen": VARLEN, "log2_work": WORK_LOG2,
             "pass": ("fwd", "fwdbwd")}
@@ -52,7 +53,7 @@ QUICK: dict[str, tuple[Any, ...]] = {"head_dim": (32, 64), "dtype": ("float32",)
 
 
 def valid(dtype: str, causal: bool, kv: str, qs: str, extra: str, varlen: str) -> bool:
-    """Cells a model actually produces (and a kernel can be asked for)."""
+    """Cells a model actually produces (and a kernel can be asked for); dtype may be "half" (_cells)."""
     if varlen != "no" and (qs != "equal" or (extra == "window" and not causal)):
         return False  # packed varlen here is self-attention
     if qs == "more" and causal:
@@ -62,9 +63,26 @@ def valid(dtype: str, causal: bool, kv: str, qs: str, extra: str, varlen: str) -
     return not (extra == "softcap" and qs in ("decode", "few") and kv == "mqa")
 
 
+HALF = ("bfloat16", "float16")
+
+
 def _cells(grid: dict[str, tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    return [c for c in itertools.product(grid["dtype"], grid["causal"], grid["kv"], grid["query_shape"],
-                                         grid["extra"], grid["varlen"]) if valid(*c)]
+    """The plan's cells. bfloat16 and float16 are one class here: each cell is measured in one of them, in turn,
+    and the table's lookup takes a half-precision cell for its sibling (runtime/table.py, rule 1): the kernels
+    run both at one tensor-core rate, and measuring both would double a sweep that does not fit one session."""
+    half = [d for d in grid["dtype"] if d in HALF]
+    classes = (["half"] if half else []) + [d for d in grid["dtype"] if d not in HALF]
+    out: list[tuple[Any, ...]] = []
+    n_half = 0
+    for c in itertools.product(classes, grid["causal"], grid["kv"], grid["query_shape"], grid["extra"],
+                               grid["varlen"]):
+        if not valid(*c):
+            continue
+        if c[0] == "half":
+            c = (half[n_half % len(half)], *c[1:])
+            n_half += 1
+        out.append(c)
+    return out
 
 
 def shape_for(cell: tuple[Any, ...], head_dim: int, log2w: float, train: bool, seed: int) -> Shape:
@@ -234,8 +252,11 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
 
 
 def run(out: Path, shard: tuple[int, int] = (1, 1), budget_s: float = 1500.0, quick: bool = False,
-        refine_from: list[Path] | None = None, max_cases: int | None = None, say: Any = print) -> dict[str, Any]:
-    """Measure this shard's cases not yet in `out` (JSON lines: a header line, then one line per case)."""
+        refine_from: list[Path] | None = None, max_cases: int | None = None, say: Any = print,
+        only_compiled: bool = False) -> dict[str, Any]:
+    """Measure this shard's cases not yet in `out` (JSON lines: a header line, then one line per case).
+    `only_compiled`: just the cases the compile phase finished (compiled_path), so no JIT compile lands in the
+    timed budget; the rest wait for a later session's compile phase (--resume)."""
     from attnkit.bench.timer import warm_gpu
     device = measuring_device("tune")
     grid = QUICK if (quick or device == "cpu") else FEATURES
@@ -257,6 +278,10 @@ def run(out: Path, shard: tuple[int, int] = (1, 1), budget_s: float = 1500.0, qu
     warm_labels = compiled_labels(out)
     if warm_labels:  # what the compile shards finished first: the timed budget goes to timing, not to JIT compiles
         todo = [s for s in todo if s.label in warm_labels] + [s for s in todo if s.label not in warm_labels]
+    waiting = 0
+    if only_compiled:
+        waiting = sum(s.label not in warm_labels for s in todo)
+        todo = [s for s in todo if s.label in warm_labels]
     if max_cases is not None:
         todo = todo[:max_cases]
     if device == "cuda" and todo:
@@ -268,13 +293,15 @@ def run(out: Path, shard: tuple[int, int] = (1, 1), budget_s: float = 1500.0, qu
             say(f"tune: budget of {budget_s:.0f} s reached; {len(todo) - ran} cases left (run again with --resume)")
             break
         c0 = time.perf_counter()
-        r = bench_shape(s, device, iters=3 if grid is QUICK else 8, rounds=2 if grid is QUICK else 3, backends_only=True)
+        r = bench_shape(s, device, iters=3 if grid is QUICK else 8, rounds=2 if grid is QUICK else 3, backends_only=True,
+                        prune=PRUNE)
         r["seconds"] = round(time.perf_counter() - c0, 2)
         with out.open("a", encoding="utf-8") as f:  # one line per case: a kill loses at most the case running
             f.write(json.dumps(r, default=str) + "\n")
         ran += 1
         say(f"tune {s.label}: {r['seconds']:.1f} s, fastest {decision_order(r, 'fwd')[:1]}")
-    return {"planned": len(mine), "done_before": len(done), "ran": ran, "left": len(todo) - ran}
+    return {"planned": len(mine), "done_before": len(done), "ran": ran, "left": len(todo) - ran + waiting,
+            "not_compiled": waiting}
 
 
 def compiled_path(out: Path) -> Path:
@@ -305,14 +332,18 @@ def compile_only(shard: tuple[int, int] = (1, 1), quick: bool = False, max_cases
     grid = QUICK if (quick or device == "cpu") else FEATURES
     i, n = shard
     done = {r["shape"]["label"] for r in _read_lines(skip_done) if "shape" in r} if skip_done else set()
-    cases = [s for s in plan(grid) if s.label not in done][i - 1::n][:max_cases]
+    # the held-out shapes first (validate times every candidate there, the libraries' own calls too: on
+    # 2026-12-01 it ran 5 of 11 shapes in 150 s, compiling), then the plan's cases not yet measured
+    held_out = validation_shapes(grid is QUICK)
+    cases = [*held_out, *(s for s in plan(grid) if s.label not in done)][i - 1::n][:max_cases]
     failed, left = 0, 0
     for s in cases:
         try:  # one case's trouble (most often memory: 16 shards share the GPU) leaves it to the timed run
-            errors = _compile_case(s, device)
+            errors = _compile_case(s, device, every_candidate=s in held_out)
             failed += errors
             say(f"compiled {s.label}")
-            if skip_done is not None and not errors:  # one short line per append: shards do not interleave in it
+            # one short line per append: shards do not interleave in it
+            if skip_done is not None and not errors and s not in held_out:
                 with compiled_path(skip_done).open("a", encoding="utf-8") as f:
                     f.write(s.label + "\n")
         except Exception as exc:  # the timed run measures the case and reports its errors
@@ -323,17 +354,23 @@ def compile_only(shard: tuple[int, int] = (1, 1), quick: bool = False, max_cases
     return {"cases": len(cases), "candidate_errors": failed, "left_for_timed_run": left}
 
 
-def _compile_case(s: Shape, device: str) -> int:
-    """One case's candidates run once (forward, and fwd+bwd for training); the number of candidate errors."""
+def _compile_case(s: Shape, device: str, every_candidate: bool = False) -> int:
+    """One case's candidates that compile, run once (forward, and fwd+bwd for training); the number of candidate
+    errors. `every_candidate`: the libraries' own calls too (a held-out shape of --validate)."""
     import torch
 
     from attnkit.bench.candidates import Case
     from attnkit.bench.timer import warm
+    from attnkit.runtime.backends import REGISTRY
 
     c = Case(s, device)
     failed = 0
     for grad in ((False, True) if s.train else (False,)):
-        runs, _ = c.candidates(grad, backends_only=True)
+        runs, _ = c.candidates(grad, backends_only=not every_candidate)
+        # only the backends with something to compile: on 2026-12-01 16 shards running every backend (sdpa_math's
+        # score matrix at the largest work levels) ran out of GPU memory on 7 of 16 and compiled 54 cases in 120 s
+        runs = {n: fn for n, fn in runs.items()
+                if n.split(":", 1)[-1] in REGISTRY and REGISTRY[n.split(":", 1)[-1]].compiles}
         if grad:
             runs = {name: c.step(fn, name) for name, fn in runs.items()}
         with torch.set_grad_enabled(grad):
@@ -389,7 +426,7 @@ def _merge(files: list[Path], arch: str | None) -> dict[str, Any]:
         common = set.intersection(*(set(sc) for sc, _, _ in members))
         mean = {n: statistics.fmean(sc[n] for sc, _, _ in members) for n in common}
         rest = {n: x for sc, _, _ in members for n, x in sc.items() if n not in common}
-        ms = {n[len("attnkit:"):]: {m: round(x, 5) for m, x in v[ps].items()}
+        ms = {n[len("attnkit:"):]: {m: round(v[ps][m], 5) for m in ("sync", "b2b")}
               for sc, r, ps in members[:1] for n, v in r["ms"].items() if n.startswith("attnkit:") and ps in v}
         cells.setdefault(cell, []).append({"head_dim": hd, "log2_work": lw, "order": ranked(mean) + ranked(rest),
                                            "cases": [r["shape"]["label"] for _, r, _ in members], "ms": ms})

@@ -111,7 +111,8 @@ def _cmd_tune(a: argparse.Namespace) -> int:
     if out.exists() and not a.resume:
         raise UsageError(f"--out: {out} exists; pass --resume to continue it, or choose a new file")
     res = tune.run(out, shard=a.shard or (1, 1), budget_s=a.budget, quick=a.quick,
-                   refine_from=[Path(f) for f in a.refine] if a.refine else None, max_cases=a.max_cases)
+                   refine_from=[Path(f) for f in a.refine] if a.refine else None, max_cases=a.max_cases,
+                   only_compiled=a.only_compiled)
     print(json.dumps(res))
     return 0
 
@@ -190,6 +191,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     tu.add_argument("--plan", action="store_true", help="print the planned cases (of --shard) and their count")
     tu.add_argument("--compile-only", action="store_true", help="run each case once, untimed, so JIT kernels are "
                                                                "compiled into their disk caches (shards side by side)")
+    tu.add_argument("--only-compiled", action="store_true", help="time only the cases --compile-only finished for "
+                    "this --out (no JIT compile inside the timed budget; the rest stay for --resume)")
     tu.add_argument("--merge", nargs="+", metavar="FILE", help="turn result files into a selection table (--table)")
     tu.add_argument("--table", help="with --merge: the table to write (e.g. src/attnkit/data/selection/sm90.json)")
     tu.add_argument("--arch", help="with --merge: the table's architecture name (default: from the results' GPU)")

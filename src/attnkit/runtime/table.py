@@ -5,20 +5,21 @@ The rule, in full:
 1. A call's CELL is its categorical features (`cell_of`): pass (fwd, or fwdbwd when a backward follows), dtype,
    causal, kv sharing (mha / gqa / mqa), the query shape (decode: one query; few: 2-16 queries against more keys;
    chunk: fewer queries than keys; equal; more: more queries than keys), window, softcap, ALiBi, and packed
-   varlen by its mean sequence length (short <= 128 < mixed < 2048 <= long).
-2. Within the cell, the measured POINT nearest the call: first the nearest measured head_dim in log2 (a tie goes
-   to the larger: kernels pad a head dim up), then among that head_dim's points the nearest log2(work), where
-   work = batch * heads * seqlen_q * seqlen_k * head_dim (a tie goes to the larger).
+   varlen by its mean sequence length (short <= 128 < mixed < 2048 <= long). bfloat16 and float16 are siblings:
+   where the call's own cell has no near point (rule 2), its sibling's cell decides (the sweep measures each
+   half-precision cell in one of the two, in turn: bench/tune.py `_cells`).
+2. Within the cell, the measured POINT nearest the call by the larger of two distances, each in units of what
+   still counts as near: |log2(head_dim) - log2(point's)| / FAR_HEAD_DIM_LOG2 and |log2(work) - log2(point's)| /
+   FAR_LOG2, where work = batch * heads * seqlen_q * seqlen_k * head_dim; ties go to the smaller sum of the two,
+   then to the larger head dim (kernels pad a head dim up), then to the larger work. A point at distance > 1 is FAR.
 3. The point's ORDER goes first: every backend that was correct there, fastest first by its worst ratio to the
    fastest over both timing modes (a sync after every call, and back to back), so a backend that only wins one
    mode does not lose the other by much. Then the architecture's full default order (runtime/priority.py), so a
    table never hides a backend: one missing here (FA4 not installed) falls through to the next.
-4. No table for the GPU's architecture, or no cell for the call: the hand-written rows of runtime/priority.py.
-A call FAR from its cell's points (the nearest more than FAR_LOG2 away in log2(work), or its head dim more than
-one octave away) is not decided by them: one measurement does not stand for a call 8x larger or with twice the
-head dim (on the H200 the winner of one cell changed within that span: the tune sweep's PNG). The hand-written
-rows decide it (rule 4), and the decision says which table point was too far; the opt-in autotune
-($ATTNKIT_AUTOTUNE=1) measures such calls on the spot.
+4. No table for the GPU's architecture, no cell for the call, or only far points: the hand-written rows of
+   runtime/priority.py decide, and the decision says which table point was too far. One measurement does not
+   stand for a call 8x larger or with twice the head dim (on the H200 the winner of one cell changed within that
+   span: the tune sweep's PNG); the opt-in autotune ($ATTNKIT_AUTOTUNE=1) measures such calls on the spot.
 """
 
 from __future__ import annotations
@@ -154,24 +155,42 @@ def table_for(capability: tuple[int, int] | None) -> dict[str, Any] | None:
     return load(arch_name(capability), str(d) if d else None)
 
 
+def _offsets(point: dict[str, Any], head_dim: int, work: float) -> tuple[float, float]:
+    return (abs(math.log2(point["head_dim"]) - math.log2(head_dim)) / FAR_HEAD_DIM_LOG2,
+            abs(point["log2_work"] - work) / FAR_LOG2)
+
+
+def distance(point: dict[str, Any], head_dim: int, work: float) -> float:
+    """Rule 2's distance: <= 1 is near."""
+    return max(_offsets(point, head_dim, work))
+
+
 def nearest(points: list[dict[str, Any]], head_dim: int, work: float) -> dict[str, Any]:
-    """Rule 2: nearest head_dim in log2 (ties to the larger), then nearest log2(work) (ties to the larger)."""
-    lh = math.log2(head_dim)
-    dims = sorted({p["head_dim"] for p in points})
-    hd = min(dims, key=lambda d: (abs(math.log2(d) - lh), -d))
-    same = [p for p in points if p["head_dim"] == hd]
-    return min(same, key=lambda p: (abs(p["log2_work"] - work), -p["log2_work"]))
+    """Rule 2: the point at the least distance; ties to the smaller sum of the two offsets, then to the larger
+    head dim, then to the larger work."""
+    return min(points, key=lambda p: (distance(p, head_dim, work), sum(_offsets(p, head_dim, work)),
+                                      -p["head_dim"], -p["log2_work"]))
+
+
+def sibling(key: str) -> str | None:
+    """Rule 1: the same cell in the other half-precision dtype (None for float32)."""
+    parts = key.split("|")
+    other = {"bfloat16": "float16", "float16": "bfloat16"}.get(parts[1])
+    return None if other is None else "|".join((parts[0], other, *parts[2:]))
 
 
 def decide(call: AttentionCall, table: dict[str, Any]) -> Decision | None:
-    """The table's decision for `call`, or None when the table has no cell for it."""
+    """The table's decision for `call`, or None when the table has no cell for it (nor its sibling's)."""
     key = cell_of(call)
-    points = table["cells"].get(key)
-    if not points:
+    hd, w = max(call.head_dim, call.head_dim_v), log2_work(call)
+    found = []  # (far, rank, key, point): the call's own cell first, its sibling's where the own has no near point
+    for rank, k in enumerate((key, sibling(key))):
+        points = table["cells"].get(k) if k else None
+        if points:
+            pt = nearest(points, hd, w)
+            found.append((distance(pt, hd, w) > 1.0, rank, k, pt))
+    if not found:
         return None
-    w = log2_work(call)
-    pt = nearest(points, max(call.head_dim, call.head_dim_v), w)  # rule 2
-    label = f"{table.get('arch', '?')} {key} D{pt['head_dim']} log2(work)={pt['log2_work']:g}"
-    hd = max(call.head_dim, call.head_dim_v)
-    far = abs(pt["log2_work"] - w) > FAR_LOG2 or abs(math.log2(pt["head_dim"]) - math.log2(hd)) > FAR_HEAD_DIM_LOG2
+    far, _, k, pt = min(found, key=lambda f: (f[0], f[1]))
+    label = f"{table.get('arch', '?')} {k} D{pt['head_dim']} log2(work)={pt['log2_work']:g}"
     return Decision("table", label, tuple(pt["order"]), far=far)

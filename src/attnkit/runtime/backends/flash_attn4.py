@@ -47,6 +47,7 @@ def output_of(out: Any) -> Any:
 class FlashAttn4(Backend):
     name = "flash_attn4"
     library = "flash-attn-4"
+    compiles = True
     limits = (
         ArchLimits((9, 0), (9, 0), replace(_COMMON, max_head_dim=256, deterministic_backward=True)),
         ArchLimits((10, 0), (11, 9), replace(_COMMON, max_head_dim=128, extra_head_dims=frozenset({256}),

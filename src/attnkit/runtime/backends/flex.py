@@ -206,6 +206,7 @@ def decode_options(call: AttentionCall, q_len: int) -> dict[str, Any]:
 
 class Flex(Backend):
     name = "flex"
+    compiles = True
     limits: Limits | tuple[ArchLimits, ...] = _TRITON
     kernel_options: ClassVar[dict[str, Any] | None] = None
 
