@@ -637,3 +637,48 @@ def test_the_timed_run_measures_what_compile_only_compiled_first(tmp_path, monke
     tune.compiled_path(tmp_path / "u.jsonl").write_text(todo[3] + "\n")
     r = tune.run(tmp_path / "u.jsonl", quick=True, say=lambda *_: None, only_compiled=True)
     assert timed == [todo[3]] and r["ran"] == 1 and r["not_compiled"] == len(todo) - 1
+
+
+# -- the packaged table ---------------------------------------------------------------------------------------------
+
+PACKAGED_FROM = Path(__file__).parent.parent / "docs" / "results" / "2026-12-02-h200-tune-session6-69-cases.jsonl"
+
+
+def test_the_packaged_sm90_table_is_the_merge_of_its_sweep_and_carries_its_provenance():
+    """Nobody edits the table by hand: `attnkit tune --merge` of the committed sweep file gives it back exactly."""
+    from importlib import resources
+
+    text = (resources.files("attnkit") / "data" / "selection" / "sm90.json").read_text(encoding="utf-8")
+    packaged = table.validate(json.loads(text), "sm90.json")
+    assert json.loads(json.dumps(tune.merge([PACKAGED_FROM]))) == packaged
+    prov = packaged["provenance"]
+    assert prov["gpus"] == ["NVIDIA H200"] and prov["torch"].startswith("2.11") and prov["cases"] == 69
+    assert prov["libraries"]["flash-attn-4"] and prov["driver"] and prov["date"].startswith("2026-12-02")
+    assert set(prov["grid"]["dtype"]) == {"bfloat16", "float16", "float32"}
+    assert all(set(p["order"]) <= set(REGISTRY) for pts in packaged["cells"].values() for p in pts)
+
+
+def test_the_packaged_table_decides_a_call_at_one_of_its_points(monkeypatch):
+    monkeypatch.delenv(table.ENV_TABLES, raising=False)
+    table.load.cache_clear()
+    try:
+        sweep = [json.loads(x) for x in PACKAGED_FROM.read_text().splitlines()]
+        case = next(r for r in sweep if "shape" in r and "fwd" in r.get("cell", {}) and not r["shape"]["lengths"])
+        t = table.table_for((9, 0))
+        assert t is not None and t["arch"] == "sm90"
+        pts = t["cells"][case["cell"]["fwd"]]
+        here = next(p for p in pts if case["shape"]["label"] in p["cases"])
+        key = case["cell"]["fwd"].split("|")
+        shp = case["shape"]
+        c = call(dtype=key[1], causal=key[2] == "causal", heads=shp["heads"], kv_heads=shp["kv_heads"],
+                 seqlen_q=shp["seqlen_q"], seqlen_k=shp["seqlen_k"], head_dim=shp["head_dim"],
+                 head_dim_v=shp["head_dim"], batch=shp["batch"], requires_grad=False,
+                 window=tuple(shp["window"]) if shp["window"] else None, softcap=bool(shp["softcap"]),
+                 alibi=shp["alibi"])
+        assert table.cell_of(c) == case["cell"]["fwd"]
+        d = table.decide(c, t)
+        assert d is not None and not d.far and d.order == tuple(here["order"])
+        order, decided = priority.order_for(c, (9, 0))
+        assert decided.source == "table" and order[:len(here["order"])] == tuple(here["order"])
+    finally:
+        table.load.cache_clear()

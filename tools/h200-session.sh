@@ -192,7 +192,8 @@ case $step in
     cp "$OUT/nvidia-smi.txt" "$R/" 2>/dev/null
     # TUNE_FROM=<an earlier session's tune .jsonl in the tree>: the timed sweep resumes it (976 cases do not fit
     # one session: 22 ran in 3.5 min on 2026-12-01)
-    if [ -n "${TUNE_FROM:-}" ]; then cp "$TUNE_FROM" "$R/tune.jsonl" || exit 1; fi
+    # (several files, space-separated: joined; each keeps its header line, as --merge expects)
+    if [ -n "${TUNE_FROM:-}" ]; then cat $TUNE_FROM > "$R/tune.jsonl" || exit 1; fi
     if [ -n "${ORACLE_RESUME:-}" ]; then cp "$ORACLE_RESUME" "$R/oracle-earlier.json" || exit 1; fi
     setsid nohup bash "$0" job > "$R/job.log" 2>&1 < /dev/null &
     sleep 2; bash "$0" wait "${2:-480}" ;;

@@ -59,8 +59,12 @@ def bench_shape(s: Shape, device: str, iters: int = 15, rounds: int = 5, backend
         out["absent"].update(absent)
         if grad:
             runs = {n: c.step(fn, n) for n, fn in runs.items()}
+        steps: dict[str, float] = {}
+        t = time.perf_counter()
         with torch.set_grad_enabled(grad):
-            first, errors = warm(runs, device)
+            # the sweep (prune) warms once: its two pruning calls follow, and every call of a large case counts
+            first, errors = warm(runs, device, times=1 if prune else 2)
+            steps["warm"], t = time.perf_counter() - t, time.perf_counter()
             for n, err in errors.items():
                 out["errors"][f"{n} {ps}"] = err
                 runs.pop(n)
@@ -72,13 +76,19 @@ def bench_shape(s: Shape, device: str, iters: int = 15, rounds: int = 5, backend
                     if not e <= tol:
                         out["wrong"][n] = f"forward max error {e:.3g} > {tol}"
             runs = {n: fn for n, fn in runs.items() if n not in out["wrong"]}
+            steps["check"], t = time.perf_counter() - t, time.perf_counter()
             t_one = interleaved(runs, device, iters=2)
             fastest = min(t_one.values(), default=1e-6)
             calls = max(3, min(200, int(4e-3 / max(1e-6, fastest))))
             slow = {n for n, t in t_one.items() if prune and t > prune * fastest}
             timed = {n: fn for n, fn in runs.items() if n not in slow}
+            steps["first_calls"], t = time.perf_counter() - t, time.perf_counter()
             sync = interleaved(timed, device, iters=iters, seed=1)
+            steps["sync"], t = time.perf_counter() - t, time.perf_counter()
             b2b = interleaved(timed, device, iters=rounds, calls=calls, seed=2)
+            steps["b2b"] = time.perf_counter() - t
+        # where a case's seconds go (the sweep's throughput decides how much of its plan a session measures)
+        out.setdefault("step_seconds", {})[ps] = {k: round(v, 3) for k, v in steps.items()}
         for n in runs:
             if n in slow:
                 out["ms"].setdefault(n, {})[ps] = {"sync": t_one[n] * 1e3, "b2b": t_one[n] * 1e3, "pruned": True}
