@@ -435,13 +435,19 @@ def test_the_sweep_prunes_a_slow_backend_after_its_first_calls(monkeypatch):
         return {n: (10.0 if n == "attnkit:sdpa_math" else 1.0 + 0.1 * i) for i, n in enumerate(sorted(runs))}
 
     monkeypatch.setattr(bench_run, "interleaved", interleaved)
+    warms: list[int] = []
+    real_warm = bench_run.warm
+    monkeypatch.setattr(bench_run, "warm", lambda runs, device, times=2: (warms.append(times),
+                                                                          real_warm(runs, device, times))[1])
     s = next(x for x in tune.plan(tune.QUICK) if not x.alibi)
     r = bench_run.bench_shape(s, "cpu", iters=1, rounds=1, backends_only=True, prune=3.0)
+    assert warms == [1]  # the sweep warms once: its two pruning calls follow
+    assert set(r["step_seconds"]["fwd"]) == {"warm", "check", "first_calls", "sync", "b2b"}
     assert "attnkit:sdpa_math" in timed[0] and all("attnkit:sdpa_math" not in t for t in timed[1:])
     assert r["ms"]["attnkit:sdpa_math"]["fwd"] == {"sync": 1e4, "b2b": 1e4, "pruned": True}
     assert tune.decision_order(r, "fwd")[-1] == "sdpa_math"
     r = bench_run.bench_shape(s, "cpu", iters=1, rounds=1, backends_only=True)  # the bench: no pruning
-    assert "pruned" not in r["ms"]["attnkit:sdpa_math"]["fwd"]
+    assert "pruned" not in r["ms"]["attnkit:sdpa_math"]["fwd"] and warms == [1, 2]
 
 
 def test_a_case_computes_its_float64_reference_once_for_all_its_candidates(monkeypatch):
@@ -525,6 +531,44 @@ def test_merge_refuses_missing_and_foreign_files(tmp_path):
                         "--table", str(tmp_path / "t.json")], capture_output=True, text=True)
     assert r.returncode != 0 and "does not exist" in r.stderr
     assert not (tmp_path / "t.json").exists()
+
+
+@pytest.mark.parametrize(("args", "msg"), [
+    (["--out", "{out}", "--only-compiled", "--refine", "{out}"], "--only-compiled: not with --refine"),
+    (["--validate", "--only-compiled"], "--only-compiled: not with --validate"),
+    (["--compile-only", "--only-compiled"], "--only-compiled: not with --compile-only"),
+    (["--out", "{out}", "--only-compiled"], "--only-compiled: no {out}.compiled (run `attnkit tune --compile-only"),
+])
+def test_only_compiled_with_what_it_cannot_serve_is_one_line(tmp_path, args, msg):
+    out = str(tmp_path / "t.jsonl")
+    r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", *(a.format(out=out) for a in args)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and msg.format(out=out) in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not Path(out).exists()
+
+
+def test_half_precision_cells_alternate_between_the_two_dtypes_and_every_one_is_reachable():
+    """Each half-precision cell of the plan is measured in one dtype; both dtypes are measured; and every
+    half-precision table cell a call can fall in is the plan's cell or its sibling (rule 1)."""
+    cells = tune._cells(tune.FEATURES)
+    half = [c for c in cells if c[0] in tune.HALF]
+    rest = {c[1:] for c in half}
+    assert len(rest) == len(half)  # one dtype per cell
+    counts = {d: sum(c[0] == d for c in half) for d in tune.HALF}
+    assert abs(counts["bfloat16"] - counts["float16"]) <= 1
+    both = {(d, *r) for d in tune.HALF for r in rest}
+    assert all((d, *c[1:]) in both for c in half for d in tune.HALF)
+    assert {c for c in cells if c[0] == "float32"} == {c for c in tune._cells({**tune.FEATURES, "dtype": ("float32",)})}
+
+
+def test_when_both_the_own_and_the_sibling_cell_are_far_the_own_cell_is_named(tables):
+    c = call()
+    own, sib = table.cell_of(c), table.cell_of(replace(c, dtype="float16"))
+    w = table.log2_work(c)
+    write(tables, _table({own: [pt(128, w + 5, "sdpa_cudnn")], sib: [pt(128, w + 6, "sdpa_flash")]}))
+    d = table.decide(c, table.table_for((9, 0)))
+    assert d is not None and d.far and own in d.label and d.order[0] == "sdpa_cudnn"
+    assert priority.order_for(c, (9, 0))[1].source != "table"
 
 
 @pytest.mark.parametrize(("heads", "kv", "sq", "forced"), [

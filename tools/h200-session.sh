@@ -44,12 +44,13 @@ on() {   # a phase with budget 0 is left out; a budget that is not whole seconds
 ak="python3 -m attnkit.cli"
 
 table_in_use() {   # the phases after the sweep check and time the runtime as it decides from this session's table
-  if [ -s "$R/selection/sm90.json" ]; then export ATTNKIT_SELECTION_DIR=$R/selection; phase "  (selection from $R/selection/sm90.json)"; fi
+  if [ -s "$R/selection/sm90.json" ] && [ "${ATTNKIT_SELECTION_DIR:-}" != "$R/selection" ]; then
+    export ATTNKIT_SELECTION_DIR=$R/selection; phase "  (selection from $R/selection/sm90.json from here on)"
+  fi
 }
 
 checks() {
   local i
-  table_in_use
   phase "smoke + oracle (own pick)"
   mkdir -p "$R/oracle"
   # the smoke in 4 processes side by side: flex's rows (it compiles each signature: 12 of the 15 min on
@@ -57,19 +58,22 @@ checks() {
   local groups others j
   groups=$(python3 -c "from attnkit.runtime.smoke import CASES; c = list(CASES); print(' '.join(','.join(c[i::3]) for i in range(3)))")
   others=$(python3 -c "from attnkit.runtime.backends import REGISTRY; from attnkit.runtime.smoke import AUTO, COMPILED; print(' '.join('--backend ' + n for n in [*REGISTRY, AUTO, COMPILED] if n != 'flex'))")
-  if [ -z "$groups" ] || [ -z "$others" ]; then phase "smoke split: listing failed, one process"; groups=; others=; fi
+  if [ -z "$groups" ] || [ -z "$others" ]; then phase "smoke split: listing failed, one process"; groups=; others=" "; fi
   if [ -n "${SMOKE_ONLY:-}" ]; then groups=; others=$SMOKE_ONLY; fi   # e.g. "--backend attnkit-compiled": those rows only
   if [ "${SMOKE_ONLY:-}" = none ]; then groups=; others=; phase "skipped: smoke (SMOKE_ONLY=none)"; fi
   # SMOKE_SPLIT=BACKEND: that backend's rows alone, split by case over the 3 processes (flex's by default)
   local split=${SMOKE_SPLIT:-flex}
-  if [ -n "${SMOKE_SPLIT:-}" ]; then others=; fi
+  if [ -n "${SMOKE_SPLIT:-}" ]; then
+    if [ -n "${SMOKE_ONLY:-}" ] && [ "$SMOKE_ONLY" != none ]; then phase "skipped: SMOKE_SPLIT (SMOKE_ONLY is set: its rows run, in one process)"
+    else others=; fi
+  fi
   j=0
   for g in $groups; do   # flex compiles: 4 inductor threads each, beside the oracle's 16 single-threaded shards
     j=$((j + 1))
     (TORCHINDUCTOR_COMPILE_THREADS=4 ATTNKIT_REPORT_DIR=$R $ak smoke --backend "$split" $(echo "$g" | sed 's/^/--case /; s/,/ --case /g') \
       --report "$R/smoke-$split-$j.json" > "$R/smoke-$split-$j.log" 2>&1; echo "smoke $split $j rc=$?" >> "$R/phases.log") &
   done
-  if [ -n "$others" ]; then
+  if [ -n "$others" ]; then   # " ": every row, one process
   (ATTNKIT_REPORT_DIR=$R $ak smoke $others --report "$R/smoke.json" > "$R/smoke.log" 2>&1; echo "smoke rc=$?" >> "$R/phases.log") &
   fi
   # 2026-12-01: 16 shards with every backend forced ran 461 cases in 300 s, the own pick alone ~20 cases/s:
@@ -167,6 +171,7 @@ job() {
     ATTNKIT_MACHINE_LABEL=h200
   local p
   for p in ${ORDER:-checks hf compiled tune}; do
+    [ "$p" = tune ] || table_in_use   # every phase after a sweep runs on its table
     case $p in checks|hf|compiled|tune) $p ;; *) phase "skipped: unknown phase '$p' in ORDER (checks hf compiled tune)" ;; esac
   done
   phase "DONE"
@@ -190,10 +195,15 @@ case $step in
     OUT=$OUT bash tools/h200-runtime.sh install || exit 1
     rm -rf "$S/src" "$R" && mkdir -p "$R" && cp -r src "$S/src"   # a warm machine's earlier run: not this one's
     cp "$OUT/nvidia-smi.txt" "$R/" 2>/dev/null
-    # TUNE_FROM=<an earlier session's tune .jsonl in the tree>: the timed sweep resumes it (976 cases do not fit
+    # TUNE_FROM=<an earlier session's tune .jsonl in the tree>: the timed sweep resumes it (528 cases do not fit
     # one session: 22 ran in 3.5 min on 2026-12-01)
     # (several files, space-separated: joined; each keeps its header line, as --merge expects)
-    if [ -n "${TUNE_FROM:-}" ]; then cat $TUNE_FROM > "$R/tune.jsonl" || exit 1; fi
+    # a file whose last line was cut by a kill ends without a newline: one is added, so the next file's header
+    # does not join that line (--merge refuses files from other machines or library versions)
+    if [ -n "${TUNE_FROM:-}" ]; then
+      : > "$R/tune.jsonl"
+      for f in $TUNE_FROM; do cat "$f" >> "$R/tune.jsonl" || exit 1; [ -z "$(tail -c1 "$f")" ] || echo >> "$R/tune.jsonl"; done
+    fi
     if [ -n "${ORACLE_RESUME:-}" ]; then cp "$ORACLE_RESUME" "$R/oracle-earlier.json" || exit 1; fi
     setsid nohup bash "$0" job > "$R/job.log" 2>&1 < /dev/null &
     sleep 2; bash "$0" wait "${2:-480}" ;;

@@ -20,7 +20,6 @@ from attnkit.bench.shapes import Shape, named, suite
 from attnkit.bench.timer import interleaved, warm, warm_gpu
 from attnkit.errors import UsageError, first_line
 
-JIT_BACKENDS = ("flash_attn4", "flex", "flex_flash")
 KERNEL_WORDS = ("attn", "fmha", "flash", "cudnn", "sdpa", "sm90", "flex", "triton")
 
 
@@ -182,7 +181,7 @@ def run_compiled(out: str, only: list[str] | None = None, budget_s: float = 1200
     shapes = named(suite(False), only)
     if not only:
         p = probe()
-        shapes = [s for s in shapes if any(select(Case(s, "cuda").call(g), p).name in JIT_BACKENDS
+        shapes = [s for s in shapes if any(select(Case(s, "cuda").call(g), p).compiles
                                            for g in ((False, True) if s.train else (False,)))]
     warm_gpu()
     rows: list[dict[str, Any]] = []

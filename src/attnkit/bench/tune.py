@@ -1,13 +1,15 @@
 """`attnkit tune`: the sweep that writes the selection tables (runtime/table.py says how a call is looked up).
 
 - PLAN: a fractional factorial over the call features that change which kernel wins (`FEATURES`): every valid
-  categorical cell of runtime/table.py's rule is listed, and the numeric axes (head_dim, total work) are spread
-  over the cells by rotation, so each cell gets POINTS_PER_CELL points and every head dim and work level is
-  measured in every feature class somewhere. Cases are ordered so that any prefix is itself balanced (a run cut
+  categorical cell of runtime/table.py's rule is listed (bfloat16 and float16 as one class, each cell in one of
+  them in turn: `_cells`), and the numeric axes (head_dim, total work) are spread over the cells by rotation, so
+  each cell gets POINTS_PER_CELL points and every head dim and work level is measured in every feature class
+  somewhere. Cases are ordered so that any prefix is itself balanced (a run cut
   short by the budget has measured a fraction of every class, not all of a few). `--refine REPORT...` adds the
   midpoints between two measured points of one cell whose winners differ: a coarse grid refined where it matters.
 - RUN: each case is `bench.run.bench_shape` (the one timer and numerics check of the bench): every backend forced,
-  in both timing modes, forward and fwd+bwd, each output checked against a float32 reference. Shards
+  in both timing modes, forward and fwd+bwd, each output checked against the float64 reference; a backend PRUNE
+  times slower than the fastest in its first calls is not timed further (it ranks last either way). Shards
   (`--shard I/N`) split the plan; results are appended to a JSON-lines file as each case ends, so a run stopped
   by its budget or a time limit resumes where it was (`--resume`).
 - MERGE (`--merge FILE...`): the shards' results become `<arch>.json`: per cell, per point, the correct backends
@@ -318,8 +320,8 @@ def compiled_labels(out: Path) -> set[str]:
 
 def compile_only(shard: tuple[int, int] = (1, 1), quick: bool = False, max_cases: int | None = None,
                  say: Any = print, skip_done: Path | None = None) -> dict[str, Any]:
-    """Run every case of this shard's plan once per backend and pass, untimed: the JIT compiles (FlashAttention-4,
-    flex) land in their disk caches. JIT compiling is CPU work: shards of this run side by side on one GPU machine
+    """Run the held-out shapes, then every case of this shard's plan, once per pass and backend that compiles
+    (`Backend.compiles`), untimed: the JIT compiles (FlashAttention-4, flex) land in their disk caches. JIT compiling is CPU work: shards of this run side by side on one GPU machine
     while the timed run, which must have the GPU alone, comes after and finds every kernel compiled.
     `skip_done`: the timed run's --out being resumed; its cases are not compiled again, and each case compiled
     here is listed beside it (compiled_path), so the timed run measures those first: on 2026-12-01 a case whose
@@ -338,15 +340,16 @@ def compile_only(shard: tuple[int, int] = (1, 1), quick: bool = False, max_cases
     cases = [*held_out, *(s for s in plan(grid) if s.label not in done)][i - 1::n][:max_cases]
     failed, left = 0, 0
     for s in cases:
-        try:  # one case's trouble (most often memory: 16 shards share the GPU) leaves it to the timed run
+        try:  # memory (16 shards share the GPU) leaves the case to a later compile phase or a timed run without
+            # --only-compiled; a candidate that raises is the timed run's to record: the case is listed
             errors = _compile_case(s, device, every_candidate=s in held_out)
             failed += errors
-            say(f"compiled {s.label}")
+            say(f"compiled {s.label}" + (f" ({errors} candidate errors: the timed run records them)" if errors else ""))
             # one short line per append: shards do not interleave in it
-            if skip_done is not None and not errors and s not in held_out:
+            if skip_done is not None and s not in held_out:
                 with compiled_path(skip_done).open("a", encoding="utf-8") as f:
                     f.write(s.label + "\n")
-        except Exception as exc:  # the timed run measures the case and reports its errors
+        except Exception as exc:  # the case itself could not be held (its tensors): not listed
             left += 1
             say(f"left for the timed run {s.label}: {type(exc).__name__}: {first_line(exc, 160)}")
         if device == "cuda":  # the case's tensors (held by _compile_case's frame only) are gone: give them back

@@ -72,6 +72,15 @@ def _cmd_oracle(a: argparse.Namespace) -> int:
 def _cmd_tune(a: argparse.Namespace) -> int:
     from attnkit.bench import tune
 
+    if a.only_compiled:  # it chooses which of the timed run's cases run: meaningless elsewhere, and said so
+        other = next((f for f, on in (("--merge", a.merge), ("--validate", a.validate), ("--plan", a.plan),
+                                      ("--compile-only", a.compile_only), ("--refine", a.refine)) if on), None)
+        if other is not None:
+            raise UsageError(f"--only-compiled: not with {other} (it picks the timed run's cases from what "
+                             "--compile-only compiled for the same --out, and that compiles the plan's cases only)")
+        if a.out and not tune.compiled_path(Path(a.out)).is_file():
+            raise UsageError(f"--only-compiled: no {tune.compiled_path(Path(a.out))} (run `attnkit tune "
+                             f"--compile-only --out {a.out} --resume` first)")
     if a.merge:
         if not a.table:
             raise UsageError("--table: required with --merge (where <arch>.json goes, e.g. "

@@ -127,8 +127,8 @@ class Backend:
     name: str = ""
     limits: Limits | tuple[ArchLimits, ...] = Limits()
     library: str | None = None  # probe's library name this backend needs, if any
-    # its first call of each configuration compiles a kernel (kept in a disk cache across processes): what
-    # `attnkit warmup` and the tune sweep's compile phase run ahead of timing; the others have nothing to compile
+    # its first call of each configuration compiles a kernel (kept in a disk cache across processes): what the
+    # tune sweep's compile phase and `bench --compiled` run ahead of timing; the others have nothing to compile
     compiles: bool = False
 
     def unavailable(self, probe: Probe) -> list[str]:
