@@ -353,9 +353,21 @@ def test_slopes_that_require_grad_are_never_cached_and_get_their_gradient():
 def test_the_plan_covers_every_cell_and_every_level_and_any_prefix_is_balanced():
     cases = tune.plan()
     cells = tune._cells(tune.FEATURES)
-    assert len(cases) == tune.POINTS_PER_CELL * len(cells)
-    first = {tuple(s.label.split("|")[:6]) for s in cases[:len(cells)]}
-    assert len(first) == len(cells)  # the first pass measures every cell once
+    basic = [c for c in cells if tune.basic(c)]
+    assert 0 < len(basic) < len(cells)
+    assert len(cases) == tune.BASIC_POINTS * len(basic) + tune.POINTS_PER_CELL * (len(cells) - len(basic))
+    key = lambda s: (s.dtype, *s.label.split("|")[1:6])  # noqa: E731
+    # stage 1: every basic cell at the common head dims, in training where its query shape trains
+    head = cases[:2 * len(basic)]
+    assert {(k, s.head_dim) for s in head for k in [tuple(s.label.split("|")[:6])]} == {
+        (tuple(map(str, c)), d) for c in basic for d in tune.COMMON_HEAD_DIMS}
+    assert all(s.train == ("|decode|" not in s.label and "|few|" not in s.label) for s in head)
+    # stage 2: every other cell once
+    second = cases[2 * len(basic):len(basic) + len(cells)]
+    assert len({key(s) for s in second}) == len(cells) - len(basic)
+    assert not {key(s) for s in second} & {key(s) for s in head}
+    first = {tuple(s.label.split("|")[:6]) for s in cases[:len(basic) + len(cells)]}
+    assert len(first) == len(cells)  # the first two stages measure every cell
     assert {s.head_dim for s in cases} == set(tune.HEAD_DIMS)
     assert {s.label.split("|")[7] for s in cases} == {f"w{w}" for w in tune.WORK_LOG2}
     assert len({s.label for s in cases}) == len(cases)
@@ -497,16 +509,21 @@ def test_tune_on_this_cpu_shards_resumes_merges_and_selection_reads_the_table(tm
     assert out.with_suffix(".png").stat().st_size > 1000
     every = [p for pts in t["cells"].values() for p in pts]
     assert all(set(p["order"]) <= set(REGISTRY) for p in every)
-    # selection decides from it
-    cell, pts = next(iter(t["cells"].items()))
+    # selection decides from it: every measured cell is among these calls, and each call near a point takes
+    # that point's order
     monkeypatch.setenv(table.ENV_TABLES, str(out.parent))
     table.load.cache_clear()
     try:
-        hit = [c for c in _cpu_calls() if table.cell_of(c) == cell]
-        assert hit, cell  # the quick grid's cells are all among these calls
-        order, d = priority.order_for(hit[0], None)
-        assert d.source == "table" and order[0] == table.nearest(pts, hit[0].head_dim, table.log2_work(
-            hit[0]))["order"][0]
+        calls = [replace(c, head_dim=hd, head_dim_v=hd, seqlen_k=sk, seqlen_q=1 if c.seqlen_q == 1 else sk)
+                 for c in _cpu_calls() for hd in (32, 64) for sk in (32, 64, 128, 256)]
+        assert set(t["cells"]) <= {table.cell_of(c) for c in calls}
+        near = [(c, table.nearest(t["cells"][table.cell_of(c)], c.head_dim, table.log2_work(c))) for c in calls
+                if table.cell_of(c) in t["cells"]]
+        near = [(c, pt) for c, pt in near if table.distance(pt, c.head_dim, table.log2_work(c)) <= 1.0]
+        assert near
+        for c, pt in near:
+            order, d = priority.order_for(c, None)
+            assert d.source == "table" and order[0] == pt["order"][0]
     finally:
         table.load.cache_clear()
 

@@ -195,8 +195,8 @@ case $step in
     OUT=$OUT bash tools/h200-runtime.sh install || exit 1
     rm -rf "$S/src" "$R" && mkdir -p "$R" && cp -r src "$S/src"   # a warm machine's earlier run: not this one's
     cp "$OUT/nvidia-smi.txt" "$R/" 2>/dev/null
-    # TUNE_FROM=<an earlier session's tune .jsonl in the tree>: the timed sweep resumes it (528 cases do not fit
-    # one session: 22 ran in 3.5 min on 2026-12-01)
+    # TUNE_FROM=<an earlier session's tune .jsonl in the tree>: the timed sweep resumes it (752 cases do not fit
+    # one session: 69 were timed in 450 s on 2026-12-02)
     # (several files, space-separated: joined; each keeps its header line, as --merge expects)
     # a file whose last line was cut by a kill ends without a newline: one is added, so the next file's header
     # does not join that line (--merge refuses files from other machines or library versions)

@@ -45,6 +45,8 @@ EXTRAS = ("-", "window", "softcap", "alibi")
 VARLEN = ("no", "short", "mixed", "long")
 WORK_LOG2 = (27, 31, 35, 39)  # total work from tiny (tens of us) to huge (tens of ms on an H200)
 POINTS_PER_CELL = 2
+BASIC_POINTS = 6  # points of a basic cell (`basic`): the first two at COMMON_HEAD_DIMS
+COMMON_HEAD_DIMS = (128, 64)  # the head dims of most models (Llama, Mistral, Qwen, Gemma-2B/7B: 128; GPT-2, BERT, ViT: 64)
 PRUNE = 3.0  # a backend 3x slower than the fastest in its first calls is not timed further (bench_shape's prune)
 FEATURES: dict[str, tuple[Any, ...]] = {"head_dim": HEAD_DIMS, "dtype": DTYPES, "causal": (True, False), "kv": tuple(KV),
             "query_shape": QUERY_SHAPES, "extra": EXTRAS, "varlen": VARLEN, "log2_work": WORK_LOG2,
@@ -126,29 +128,47 @@ def shape_for(cell: tuple[Any, ...], head_dim: int, log2w: float, train: bool, s
                  train=train, alibi=extra == "alibi", softcap=30.0 if extra == "softcap" else 0.0)
 
 
+def basic(cell: tuple[Any, ...]) -> bool:
+    """A cell without window, softcap, ALiBi or packing: the calls most models make (plain causal or full
+    attention in every query shape and kv sharing), given BASIC_POINTS points, measured first."""
+    return cell[4] == "-" and cell[5] == "no"
+
+
 def plan(grid: dict[str, tuple[Any, ...]] | None = None, points: int | None = None) -> list[Shape]:
-    """The fractional design, in an order whose every prefix is balanced over the cells."""
+    """The fractional design, in stages whose every prefix is balanced over the stage's cells: the basic cells'
+    first two points (head dims COMMON_HEAD_DIMS, the ones most models use), then every other cell's first point,
+    then the rest. A session measures about 70 cases (2026-12-02): the first one measures the calls most models
+    make, at their head dims, before the features few of them use."""
     grid = grid or FEATURES
-    points = points or (1 if grid is QUICK else POINTS_PER_CELL)
+    quick = grid is QUICK
     cells = _cells(grid)
     dims, works = grid["head_dim"], grid["log2_work"]
+    rest_dims = [d for d in dims if d not in COMMON_HEAD_DIMS] or list(dims)
     train_ok = "fwdbwd" in grid["pass"]
     per_cell: list[list[Shape]] = []
     for ci, cell in enumerate(cells):
-        qs = cell[3]
+        qs, is_basic = cell[3], basic(cell) and not quick
+        n = points or (1 if quick else BASIC_POINTS if is_basic else POINTS_PER_CELL)
         shapes = []
-        for k in range(points):
+        for k in range(n):
             # rotation: cell ci's k-th point takes head dim (ci + k * stride) and work level (ci // len + k)
-            hd = dims[(ci * 3 + k * 5) % len(dims)]
+            if is_basic:
+                hd = COMMON_HEAD_DIMS[k] if k < len(COMMON_HEAD_DIMS) else rest_dims[(ci * 3 + k) % len(rest_dims)]
+            else:
+                hd = dims[(ci * 3 + k * 5) % len(dims)]
             lw = works[(ci + k * (len(works) // 2 or 1) + ci // len(dims)) % len(works)]
-            train = train_ok and qs not in ("decode", "few") and (k % 2 == 0 or "fwd" not in grid["pass"])
+            # a training case measures both passes: every basic point trains where its query shape does
+            train = train_ok and qs not in ("decode", "few") and (is_basic or k % 2 == 0 or "fwd" not in grid["pass"])
             shapes.append(shape_for(cell, int(hd), float(lw), train, seed=ci * 7 + k))
         per_cell.append(shapes)
     order = list(range(len(cells)))
-    random.Random(0).shuffle(order)  # any prefix: a random fraction of the cells, each with its first point
-    out = []
-    for k in range(points):
-        out += [per_cell[i][k] for i in order if k < len(per_cell[i])]
+    random.Random(0).shuffle(order)  # any prefix of a stage: a random fraction of its cells
+    out: list[Shape] = []
+    most = max(len(x) for x in per_cell) if per_cell else 0
+    stages = [(True, 0), (True, 1), (False, 0)] + [(b, k) for k in range(1, most) for b in (True, False)
+                                                   if (b, k) != (True, 1)]
+    for want_basic, k in stages:
+        out += [per_cell[i][k] for i in order if k < len(per_cell[i]) and basic(cells[i]) == want_basic]
     return out
 
 
