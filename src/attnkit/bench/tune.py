@@ -3,8 +3,9 @@
 - PLAN: a fractional factorial over the call features that change which kernel wins (`FEATURES`): every valid
   categorical cell of runtime/table.py's rule is listed (bfloat16 and float16 as one class, each cell in one of
   them in turn: `_cells`), and the numeric axes (head_dim, total work) are spread over the cells by rotation, so
-  each cell gets POINTS_PER_CELL points and every head dim and work level is measured in every feature class
-  somewhere. Cases are ordered so that any prefix is itself balanced (a run cut
+  each cell gets POINTS_PER_CELL points (BASIC_POINTS for the basic cells, whose first two sit at the common head
+  dims) and every head dim and work level is measured in every feature class somewhere. Cases are ordered in
+  stages (`plan`: the basic cells first) so that any prefix of a stage is itself balanced (a run cut
   short by the budget has measured a fraction of every class, not all of a few). `--refine REPORT...` adds the
   midpoints between two measured points of one cell whose winners differ: a coarse grid refined where it matters.
 - RUN: each case is `bench.run.bench_shape` (the one timer and numerics check of the bench): every backend forced,
