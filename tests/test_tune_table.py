@@ -463,13 +463,13 @@ def test_the_sweep_prunes_a_slow_backend_after_its_first_calls(monkeypatch):
 
 
 def test_a_case_computes_its_float64_reference_once_for_all_its_candidates(monkeypatch):
+    from attnkit.bench.run import bench_shape
     from attnkit.runtime import reference
 
     real, n = reference.reference_rows, []
     monkeypatch.setattr(reference, "reference_rows", lambda *a, **k: (n.append(1), real(*a, **k))[1])
     s = next(x for x in tune.plan(tune.QUICK) if not x.alibi)
-    r = __import__("attnkit.bench.run", fromlist=["bench_shape"]).bench_shape(s, "cpu", iters=1, rounds=1,
-                                                                              backends_only=True)
+    r = bench_shape(s, "cpu", iters=1, rounds=1, backends_only=True)
     assert len(r["max_err"]) >= 2 and len(n) == len({0, s.batch - 1})
 
 

@@ -60,11 +60,11 @@ def bench_shape(s: Shape, device: str, iters: int = 15, rounds: int = 5, backend
         if grad:
             runs = {n: c.step(fn, n) for n, fn in runs.items()}
         steps: dict[str, float] = {}
-        t = time.perf_counter()
+        lap = _lap_timer(steps)
         with torch.set_grad_enabled(grad):
             # the sweep (prune) warms once: its two pruning calls follow, and every call of a large case counts
             first, errors = warm(runs, device, times=1 if prune else 2)
-            steps["warm"], t = time.perf_counter() - t, time.perf_counter()
+            lap("warm")
             for n, err in errors.items():
                 out["errors"][f"{n} {ps}"] = err
                 runs.pop(n)
@@ -76,17 +76,17 @@ def bench_shape(s: Shape, device: str, iters: int = 15, rounds: int = 5, backend
                     if not e <= tol:
                         out["wrong"][n] = f"forward max error {e:.3g} > {tol}"
             runs = {n: fn for n, fn in runs.items() if n not in out["wrong"]}
-            steps["check"], t = time.perf_counter() - t, time.perf_counter()
+            lap("check")
             t_one = interleaved(runs, device, iters=2)
             fastest = min(t_one.values(), default=1e-6)
             calls = max(3, min(200, int(4e-3 / max(1e-6, fastest))))
             slow = {n for n, t in t_one.items() if prune and t > prune * fastest}
             timed = {n: fn for n, fn in runs.items() if n not in slow}
-            steps["first_calls"], t = time.perf_counter() - t, time.perf_counter()
+            lap("first_calls")
             sync = interleaved(timed, device, iters=iters, seed=1)
-            steps["sync"], t = time.perf_counter() - t, time.perf_counter()
+            lap("sync")
             b2b = interleaved(timed, device, iters=rounds, calls=calls, seed=2)
-            steps["b2b"] = time.perf_counter() - t
+            lap("b2b")
         # where a case's seconds go (the sweep's throughput decides how much of its plan a session measures)
         out.setdefault("step_seconds", {})[ps] = {k: round(v, 3) for k, v in steps.items()}
         for n in runs:
@@ -103,6 +103,16 @@ def bench_shape(s: Shape, device: str, iters: int = 15, rounds: int = 5, backend
     out["fa4_or_varlen"] = s.lengths is not None or "flash_attn4" in out["ms"]
     out["ratios"] = ratios(out["ms"], passes)
     return out
+
+
+def _lap_timer(into: dict[str, float]) -> Callable[[str], None]:
+    """lap(name): the seconds since the previous lap (or since this was made) go into `into[name]`."""
+    last = [time.perf_counter()]
+
+    def lap(name: str) -> None:
+        now = time.perf_counter()
+        into[name], last[0] = now - last[0], now
+    return lap
 
 
 def ratios(ms: dict[str, dict[str, dict[str, float]]], passes: list[str]) -> dict[str, Any]:
