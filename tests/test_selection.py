@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from attnkit.runtime import select as sel
+from attnkit.runtime import table
 from attnkit.runtime.backends import REGISTRY, Backend, Limits, reasons
 from attnkit.runtime.call import AttentionCall
 from attnkit.runtime.probe import GPU, Library, Probe, TorchInfo
@@ -33,9 +34,15 @@ def fresh_selector(monkeypatch, tmp_path):
     monkeypatch.delenv(sel.ENV_BACKEND, raising=False)
     monkeypatch.delenv(sel.ENV_AUTOTUNE, raising=False)
     monkeypatch.setenv("ATTNKIT_CACHE_DIR", str(tmp_path / "cache"))
+    # the hand-written rows and the limits, as on a GPU without a table: the packaged table's own tests are in
+    # test_tune_table.py, and a table that grows with each sweep must not change what these assert
+    (tmp_path / "no-tables").mkdir()
+    monkeypatch.setenv(table.ENV_TABLES, str(tmp_path / "no-tables"))
+    table.load.cache_clear()
     sel.SELECTOR.reset()
     yield
     sel.SELECTOR.reset()
+    table.load.cache_clear()
 
 
 @pytest.mark.parametrize(

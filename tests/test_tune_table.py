@@ -96,6 +96,24 @@ def test_a_half_precision_call_takes_its_siblings_cell_where_its_own_has_no_near
     assert priority.order_for(c32, (9, 0))[1].source != "table"
 
 
+def test_where_no_dtype_sibling_is_near_the_same_cell_with_other_kv_sharing_decides(tables):
+    c = call(kv_heads=4)  # gqa, bfloat16
+    key = table.cell_of(c)
+    mqa, mha = (key.replace("|gqa|", f"|{kv}|") for kv in ("mqa", "mha"))
+    assert table.neighbours(key) == [key, table.sibling(key), mqa, table.sibling(mqa), mha, table.sibling(mha)]
+    assert table.neighbours(table.cell_of(replace(c, dtype="float32")))[1].split("|")[3] == "mqa"  # no sibling
+    w = table.log2_work(c)
+    write(tables, _table({mha: [pt(128, w, "sdpa_flash")], mqa: [pt(128, w + 5, "sdpa_cudnn")]}))
+    order, d = priority.order_for(c, (9, 0))
+    assert d.source == "table" and order[0] == "sdpa_flash" and "|mha|" in d.label  # the far mqa point does not
+    write(tables, _table({mha: [pt(128, w, "sdpa_flash")], mqa: [pt(128, w, "sdpa_cudnn")]}))
+    assert priority.order_for(c, (9, 0))[0][0] == "sdpa_cudnn"  # the nearer kv sharing first
+    write(tables, _table({mha: [pt(128, w, "sdpa_flash")], key: [pt(128, w, "sdpa_efficient")]}))
+    assert priority.order_for(c, (9, 0))[0][0] == "sdpa_efficient"  # the call's own cell first
+    write(tables, _table({mha: [pt(128, w + 5, "sdpa_flash")]}))  # only far points: the rows decide
+    assert priority.order_for(c, (9, 0))[1].source != "table"
+
+
 def test_table_decides_where_it_has_the_cell_and_never_hides_a_backend(tables):
     c = call()
     write(tables, _table({table.cell_of(c): [pt(128, table.log2_work(c), "sdpa_flash", "sdpa_cudnn")]}))

@@ -7,7 +7,11 @@ The rule, in full:
    chunk: fewer queries than keys; equal; more: more queries than keys), window, softcap, ALiBi, and packed
    varlen by its mean sequence length (short <= 128 < mixed < 2048 <= long). bfloat16 and float16 are siblings:
    where the call's own cell has no near point (rule 2), its sibling's cell decides (the sweep measures each
-   half-precision cell in one of the two, in turn: bench/tune.py `_cells`).
+   half-precision cell in one of the two, in turn: bench/tune.py `_cells`). Where neither has a near point, the
+   same cell with the other kv sharing decides (`neighbours`: gqa -> mqa, mha; mqa -> gqa, mha; mha -> gqa, mqa;
+   each with its sibling): every kernel here takes grouped keys natively or through enable_gqa, and a sweep gives
+   each cell a few points, so one kv class's point is often the only one near a call in head dim and work (on
+   the 11 held-out shapes of `tune --validate`, with the plan's first 112 cases: 13 of 18 passes near, 8 without).
 2. Within the cell, the measured POINT nearest the call by the larger of two distances, each in units of what
    still counts as near: |log2(head_dim) - log2(point's)| / FAR_HEAD_DIM_LOG2 and |log2(work) - log2(point's)| /
    FAR_LOG2, where work = batch * heads * seqlen_q * seqlen_k * head_dim; ties go to the smaller sum of the two,
@@ -179,13 +183,27 @@ def sibling(key: str) -> str | None:
     return None if other is None else "|".join((parts[0], other, *parts[2:]))
 
 
+_KV_NEXT = {"gqa": ("mqa", "mha"), "mqa": ("gqa", "mha"), "mha": ("gqa", "mqa")}
+
+
+def neighbours(key: str) -> list[str]:
+    """Rule 1's cells, in the order they decide: the call's own, its sibling dtype's, then the same with each other
+    kv sharing (nearest sharing first), each followed by its sibling."""
+    parts = key.split("|")
+    out = [key]
+    for kv in (parts[3], *_KV_NEXT[parts[3]]):
+        k = "|".join((*parts[:3], kv, *parts[4:]))
+        out += [x for x in (k, sibling(k)) if x is not None and x not in out]
+    return out
+
+
 def decide(call: AttentionCall, table: dict[str, Any]) -> Decision | None:
-    """The table's decision for `call`, or None when the table has no cell for it (nor its sibling's)."""
+    """The table's decision for `call`, or None when the table has none of its cells (rule 1's `neighbours`)."""
     key = cell_of(call)
     hd, w = max(call.head_dim, call.head_dim_v), log2_work(call)
-    found = []  # (far, rank, key, point): the call's own cell first, its sibling's where the own has no near point
-    for rank, k in enumerate((key, sibling(key))):
-        points = table["cells"].get(k) if k else None
+    found = []  # (far, rank, key, point): the first near point in rule 1's order; else the nearest first cell's
+    for rank, k in enumerate(neighbours(key)):
+        points = table["cells"].get(k)
         if points:
             pt = nearest(points, hd, w)
             found.append((distance(pt, hd, w) > 1.0, rank, k, pt))

@@ -1,0 +1,106 @@
+"""Why does attention()'s own FlashAttention-4 pick time below FA4 forced through attention(), and below FA4 called
+directly, on some held-out shapes (2026-12-02 validate: Gemma2 softcap+window 0.84 back to back, Mistral windowed
+decode 0.85, speculative decode 0.83 per call with a sync), when on the CPU both paths cost the same?
+
+For each shape: the three calls timed interleaved in shuffled order, per call with a sync (host clock) and back to
+back (100 calls), forward only; the bound call each signature got (backend, the call attnkit saw); and a cProfile
+of 300 back-to-back calls of each, top functions by own time. Prints and writes JSON (argv[1]).
+Run on a GPU with FA4 installed, after its kernels for these shapes are cached (the session's validate phase)."""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import json
+import pstats
+import random
+import statistics
+import sys
+import time
+
+import torch
+
+import attnkit
+from attnkit.bench.run import environment
+from attnkit.runtime import dispatch, loaders
+
+dev = "cuda"
+SHAPES = {  # (batch, heads, kv_heads, sq, sk, head_dim, window, softcap): tune.validation_shapes' rows
+    "Gemma2 softcap window D256 S4096": (1, 16, 8, 4096, 4096, 256, (4095, 0), 50.0),
+    "Mistral window decode Sk8000": (32, 32, 8, 1, 8000, 128, (4096, 0), 0.0),
+    "spec decode Sq5 Sk6000": (16, 32, 8, 5, 6000, 128, None, 0.0),
+}
+
+
+def top(fn, n: int = 300, rows: int = 14) -> list[str]:
+    prof = cProfile.Profile()
+    torch.cuda.synchronize()
+    prof.enable()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    prof.disable()
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(rows)
+    return [ln for ln in s.getvalue().splitlines() if ln.strip()][-rows - 1:]
+
+
+def shape(label: str, b: int, h: int, hk: int, sq: int, sk: int, d: int, window, softcap: float, fa) -> dict:
+    if True:
+        q = torch.randn(b, sq, h, d, device=dev, dtype=torch.bfloat16)
+        k, v = (torch.randn(b, sk, hk, d, device=dev, dtype=torch.bfloat16) for _ in range(2))
+        kw = {"causal": True, "window": window, "softcap": softcap}
+        fkw = {"causal": True, "softmax_scale": d ** -0.5}
+        if window is not None:
+            fkw["window_size"] = window
+        if softcap:
+            fkw["softcap"] = softcap
+        runs = {
+            "attnkit": lambda: attnkit.attention(q, k, v, **kw),
+            "attnkit:flash_attn4": lambda: attnkit.attention(q, k, v, backend="flash_attn4", **kw),
+            "flash_attn4_direct": lambda: fa.flash_attn_func(q, k, v, **fkw),
+        }
+        with torch.no_grad():
+            for fn in runs.values():
+                for _ in range(10):
+                    fn()
+            torch.cuda.synchronize()
+            bound = [{"backend": bc.backend.name, "call": repr(bc.call)} for bc in dispatch.bound_calls()
+                     if bc.call.seqlen_k == sk and bc.call.head_dim == d]
+            res: dict = {n: {"sync": [], "b2b": []} for n in runs}
+            order = list(runs)
+            rng = random.Random(0)
+            for it in range(120):
+                rng.shuffle(order)
+                for n in order:
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    runs[n]()
+                    torch.cuda.synchronize()
+                    res[n]["sync"].append(time.perf_counter() - t0)
+                if it % 12 == 0:
+                    for n in order:
+                        torch.cuda.synchronize()
+                        t0 = time.perf_counter()
+                        for _ in range(100):
+                            runs[n]()
+                        torch.cuda.synchronize()
+                        res[n]["b2b"].append((time.perf_counter() - t0) / 100)
+            profiles = {n: top(fn) for n, fn in runs.items()}
+        summary = {n: {m: round(statistics.median(x) * 1e6, 2) for m, x in r.items()} for n, r in res.items()}
+        print(label, json.dumps(summary), json.dumps(bound)[:600], flush=True)
+        return {"us": summary, "bound": bound, "profile_top_tottime": profiles}
+
+
+def main() -> None:
+    fa = loaders.load_fa4()
+    out: dict = {"environment": environment(), "shapes": {}}
+    for label, spec in SHAPES.items():
+        out["shapes"][label] = shape(label, *spec, fa)
+    if len(sys.argv) > 1:
+        with open(sys.argv[1], "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
