@@ -68,12 +68,13 @@ def test_nearest_point_by_the_larger_normalised_distance_with_ties_to_the_larger
     # 88: a's head dim is nearer (0.46 octave), but its work is 10 octaves off; c's head dim is 0.54 octave off
     # and its work 4: the larger of the two normalised distances decides (rule 2), so c
     assert table.nearest(pts, 88, 40)["order"] == ["c"]
-    assert table.distance(pts[2], 88, 40) == pytest.approx(4 / table.FAR_LOG2)
-    # b, c and d are all at distance 1; d is also off in head dim (the larger sum), b and c tie: the larger work
+    assert table.distance(pts[2], 88, 40) == pytest.approx(4 / table.RULE.far_log2)
+    # b, c and d are all 3 octaves off in work; d is also off in head dim (the larger sum), b and c tie: the larger
+    # work
     assert table.nearest(pts, 128, 33)["order"] == ["c"]
     assert table.nearest([pt(64, 36, "a"), pt(256, 36, "d")], 128, 36)["order"] == ["d"]  # a tie: the larger head dim
     assert table.distance(pt(64, 36, "a"), 128, 36) == 1.0  # an octave of head dim is still near
-    assert table.distance(pt(128, 36, "a"), 128, 36 + table.FAR_LOG2 + 0.1) > 1.0
+    assert table.distance(pt(128, 36, "a"), 128, 36 + table.RULE.far_log2 + 0.1) > 1.0
 
 
 def test_a_half_precision_call_takes_its_siblings_cell_where_its_own_has_no_near_point(tables):
@@ -100,7 +101,7 @@ def test_where_no_dtype_sibling_is_near_the_same_cell_with_other_kv_sharing_deci
     c = call(kv_heads=4)  # gqa, bfloat16
     key = table.cell_of(c)
     mqa, mha = (key.replace("|gqa|", f"|{kv}|") for kv in ("mqa", "mha"))
-    assert table.neighbours(key) == [key, table.sibling(key), mqa, table.sibling(mqa), mha, table.sibling(mha)]
+    assert table.neighbours(key)[:6] == [key, table.sibling(key), mqa, table.sibling(mqa), mha, table.sibling(mha)]
     assert table.neighbours(table.cell_of(replace(c, dtype="float32")))[1].split("|")[3] == "mqa"  # no sibling
     w = table.log2_work(c)
     write(tables, _table({mha: [pt(128, w, "sdpa_flash")], mqa: [pt(128, w + 5, "sdpa_cudnn")]}))
@@ -152,7 +153,7 @@ def test_a_far_point_does_not_decide(tables):
     c = call()
     rows = priority.order_for(c, (9, 0))
     assert rows[1].source != "table"
-    for far in (pt(128, table.log2_work(c) - 3.5, "sdpa_flash"),  # 11x less work
+    for far in (pt(128, table.log2_work(c) - 2.5, "sdpa_flash"),  # 5.7x less work
                 pt(32, table.log2_work(c), "sdpa_flash")):  # the same work, a head dim 4x smaller
         write(tables, _table({table.cell_of(c): [far]}))
         d = table.decide(c, table.table_for((9, 0)))
@@ -160,8 +161,8 @@ def test_a_far_point_does_not_decide(tables):
         order, decided = priority.order_for(c, (9, 0))
         assert order == rows[0] and decided.source == rows[1].source  # the rows decide, as with no table
         assert "is far from this call" in decided.describe()
-    # within 8x of work and one octave of head dim: the point decides
-    write(tables, _table({table.cell_of(c): [pt(64, table.log2_work(c) - 2.9, "sdpa_flash")]}))
+    # within 4x of work (RULE.far_log2) and one octave of head dim: the point decides
+    write(tables, _table({table.cell_of(c): [pt(64, table.log2_work(c) - 1.9, "sdpa_flash")]}))
     order, decided = priority.order_for(c, (9, 0))
     assert decided.source == "table" and order[0] == "sdpa_flash"
 
@@ -515,7 +516,8 @@ def test_tune_on_this_cpu_shards_resumes_merges_and_selection_reads_the_table(tm
     assert json.loads(r.stdout.splitlines()[-1])["done_before"] == 1
     assert run("--out", str(s2), "--shard", "2/2", "--max-cases", "1").returncode == 0
     lines = [json.loads(x) for x in s1.read_text().splitlines()]
-    assert lines[0]["header"] and len({x["shape"]["label"] for x in lines[1:]}) == 2  # nothing measured twice
+    assert lines[0]["header"] and len({x["shape"]["label"] for x in lines if "shape" in x}) == 2  # nothing twice
+    assert [i for i, x in enumerate(lines) if x.get("header")] == [0, 2]  # the resumed run heads its own case
     out = tmp_path / "sel" / "cpu.json"
     r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", "--merge", str(s1), str(s2), "--table", str(out),
                         "--png"], capture_output=True, text=True)
@@ -720,7 +722,7 @@ def test_the_timed_run_measures_what_compile_only_compiled_first(tmp_path, monke
 
 # -- the packaged table ---------------------------------------------------------------------------------------------
 
-PACKAGED_FROM = Path(__file__).parent.parent / "docs" / "results" / "2026-12-02-h200-tune-session6-69-cases.jsonl"
+PACKAGED_FROM = Path(__file__).parent.parent / "docs" / "results" / "2026-12-02-h200-tune-session7-157-cases.jsonl"
 
 
 def test_the_packaged_sm90_table_is_the_merge_of_its_sweep_and_carries_its_provenance():
@@ -731,7 +733,7 @@ def test_the_packaged_sm90_table_is_the_merge_of_its_sweep_and_carries_its_prove
     packaged = table.validate(json.loads(text), "sm90.json")
     assert json.loads(json.dumps(tune.merge([PACKAGED_FROM]))) == packaged
     prov = packaged["provenance"]
-    assert prov["gpus"] == ["NVIDIA H200"] and prov["torch"].startswith("2.11") and prov["cases"] == 69
+    assert prov["gpus"] == ["NVIDIA H200"] and prov["torch"].startswith("2.11") and prov["cases"] == 157
     assert prov["libraries"]["flash-attn-4"] and prov["driver"] and prov["date"].startswith("2026-12-02")
     assert set(prov["grid"]["dtype"]) == {"bfloat16", "float16", "float32"}
     assert all(set(p["order"]) <= set(REGISTRY) for pts in packaged["cells"].values() for p in pts)
@@ -761,3 +763,58 @@ def test_the_packaged_table_decides_a_call_at_one_of_its_points(monkeypatch):
         assert decided.source == "table" and order[:len(here["order"])] == tuple(here["order"])
     finally:
         table.load.cache_clear()
+
+
+# -- the rule's knobs, chosen by leave-one-out (tune --cross-check) ---------------------------------------------------
+
+def test_neighbours_relax_kv_then_causality_and_a_rule_without_relaxations_keeps_own_and_sibling():
+    key = "fwd|bfloat16|causal|gqa|equal|-|-|-|no"
+    got = table.neighbours(key)
+    assert got[:2] == [key, "fwd|float16|causal|gqa|equal|-|-|-|no"]
+    assert got[2].split("|")[3] == "mqa" and got[4].split("|")[3] == "mha"  # the nearer kv sharing first
+    assert all(k.split("|")[2] == "full" for k in got[6:]) and len(got) == len(set(got)) == 12
+    assert table.neighbours(key, table.Rule(relax=())) == got[:2]
+    assert table.neighbours(key, table.Rule(relax=("kv",))) == got[:6]
+    with pytest.raises(ValueError, match="unknown relaxation 'dtype'"):
+        table.neighbours(key, table.Rule(relax=("dtype",)))
+    # the far threshold is the rule's: a point 3 octaves away in work is near at 8x, far at 4x
+    c = call()
+    w = table.log2_work(c)
+    t = _table({table.cell_of(c): [pt(128, w + 3, "sdpa_flash")]})
+    assert not table.decide(c, t, table.Rule(far_log2=3.0)).far and table.decide(c, t).far
+
+
+def _case(label: str, cell: str, hd: int, lw: float, ms: dict) -> dict:
+    shape = {"label": label, "batch": 1, "heads": 16, "kv_heads": 16, "seqlen_q": 1024, "seqlen_k": 1024,
+             "head_dim": hd, "dtype": "bfloat16", "causal": cell.split("|")[2] == "causal", "window": None,
+             "lengths": None, "train": False, "alibi": False, "softcap": 0.0, "lengths_k": None}
+    return {"label": label, "shape": shape, "cell": {"fwd": cell}, "head_dim": hd, "log2_work": lw,
+            "ms": {f"attnkit:{n}": {"fwd": {"sync": a, "b2b": b}} for n, (a, b) in ms.items()}, "wrong": {}}
+
+
+def test_cross_check_hides_each_case_and_times_the_rules_pick_by_its_own_measurement(tmp_path):
+    header = {"header": True, "schema": 1, "grid": {}, "shard": "1/1",
+              "environment": {"date": "2026-12-02T00:00:00+00:00", "probe": {"gpus": [
+                  {"name": "NVIDIA H200", "capability": [9, 0]}], "driver": "1", "torch": {"version": "2.11"}}}}
+    causal, full = "fwd|bfloat16|causal|mha|equal|-|-|-|no", "fwd|bfloat16|full|mha|equal|-|-|-|no"
+    lines = [header,
+             _case("a", causal, 128, 30.0, {"sdpa_flash": (1.0, 1.0), "sdpa_cudnn": (2.0, 2.0)}),
+             _case("b", full, 128, 30.0, {"sdpa_flash": (1.0, 1.0), "sdpa_cudnn": (4.0, 4.0)})]
+    f = tmp_path / "t.jsonl"
+    f.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    rep = tune.cross_check([f], {"own": table.Rule(relax=()), "causal": table.Rule(relax=("causal",))})
+    own, relaxed = rep["rules"]["own"], rep["rules"]["causal"]
+    # hidden, a's cell is empty: the own-cell rule falls to the rows; relaxed, b's point decides: sdpa_flash
+    assert {x["source"] for x in own["calls"]} == {"rows"}
+    assert [(x["case"], x["source"], x["pick"], x["sync"]) for x in relaxed["calls"]] == [
+        ("a", "table", "sdpa_flash", 1.0), ("b", "table", "sdpa_flash", 1.0)]
+    assert relaxed["summary"]["decided_by_table"] == 2 and relaxed["summary"]["geomean_b2b"] == 1.0
+
+
+def test_a_resumed_sweep_heads_its_cases_and_a_cut_last_line_does_not_swallow_the_next(tmp_path):
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"header": true}\n{"shape": {"label": "x"}, "cut')
+    tune._append_line(f, {"header": True, "n": 2})
+    tune._append_line(f, {"shape": {"label": "y"}})
+    rows = tune._read_lines(f)
+    assert rows == [{"header": True}, {"header": True, "n": 2}, {"shape": {"label": "y"}}]

@@ -28,6 +28,7 @@ import math
 import random
 import statistics
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,10 @@ from attnkit.bench.candidates import AUTO, PLAIN
 from attnkit.bench.run import bench_shape, environment, measuring_device
 from attnkit.bench.shapes import Shape
 from attnkit.errors import UsageError, first_line
-from attnkit.runtime.table import SCHEMA
+from attnkit.runtime.call import AttentionCall
+from attnkit.runtime.priority import rows_order
+from attnkit.runtime.table import SCHEMA, Rule
+from attnkit.runtime.table import decide as table_decide
 
 HEAD_DIMS = (32, 40, 64, 80, 96, 128, 192, 256)
 DTYPES = ("bfloat16", "float16", "float32")
@@ -231,9 +235,7 @@ def chart(table: dict[str, Any], path: Path) -> None:
 def scores(result: dict[str, Any], ps: str) -> dict[str, float]:
     """Per backend forced in this case and correct there: its worst ratio to the fastest over the two timing
     modes (1.0 = fastest in both)."""
-    prefix = "attnkit:"
-    t = {n[len(prefix):]: v[ps] for n, v in result["ms"].items() if n.startswith(prefix) and ps in v
-         and n not in result.get("wrong", {}) and all(_positive(v[ps].get(m)) for m in ("sync", "b2b"))}
+    t = _times(result, ps)
     if not t:
         return {}
     best = {m: min(v[m] for v in t.values()) for m in ("sync", "b2b")}
@@ -255,6 +257,16 @@ def decision_order(result: dict[str, Any], ps: str) -> list[str]:
 
 
 # -- run, resume, merge --------------------------------------------------------------------------------------------
+
+def _append_line(path: Path, row: dict[str, Any]) -> None:
+    """One JSON line at the end of `path`; a last line cut by a kill is ended first, so this one stays whole."""
+    with path.open("a+b") as f:
+        cut = False
+        if f.seek(0, 2) > 0:
+            f.seek(-1, 2)
+            cut = f.read(1) != b"\n"
+        f.write((("\n" if cut else "") + json.dumps(row, default=str) + "\n").encode("utf-8"))
+
 
 def _read_lines(path: Path) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
@@ -292,10 +304,10 @@ def run(out: Path, shard: tuple[int, int] = (1, 1), budget_s: float = 1500.0, qu
     mine = cases[i - 1::n]
     done_lines = _read_lines(out)
     done = {r["shape"]["label"] for r in done_lines if "shape" in r}
+    header = {"header": True, "schema": SCHEMA, "environment": environment(), "device": device,
+              "grid": {k: list(v) for k, v in grid.items()}, "shard": f"{i}/{n}", "planned": len(mine),
+              "refine": [str(f) for f in refine_from or []]}
     if not done_lines:
-        header = {"header": True, "schema": SCHEMA, "environment": environment(), "device": device,
-                  "grid": {k: list(v) for k, v in grid.items()}, "shard": f"{i}/{n}", "planned": len(mine),
-                  "refine": [str(f) for f in refine_from or []]}
         write_atomic(out, json.dumps(header, default=str) + "\n")
     todo = [s for s in mine if s.label not in done]
     warm_labels = compiled_labels(out)
@@ -307,6 +319,8 @@ def run(out: Path, shard: tuple[int, int] = (1, 1), budget_s: float = 1500.0, qu
         todo = [s for s in todo if s.label in warm_labels]
     if max_cases is not None:
         todo = todo[:max_cases]
+    if done_lines and todo:  # a resumed run heads its own cases with its session's date and machine
+        _append_line(out, header)
     if device == "cuda" and todo:
         warm_gpu()
     t0 = time.perf_counter()
@@ -319,8 +333,7 @@ def run(out: Path, shard: tuple[int, int] = (1, 1), budget_s: float = 1500.0, qu
         r = bench_shape(s, device, iters=3 if grid is QUICK else 8, rounds=2 if grid is QUICK else 3, backends_only=True,
                         prune=PRUNE)
         r["seconds"] = round(time.perf_counter() - c0, 2)
-        with out.open("a", encoding="utf-8") as f:  # one line per case: a kill loses at most the case running
-            f.write(json.dumps(r, default=str) + "\n")
+        _append_line(out, r)  # one line per case: a kill loses at most the case running
         ran += 1
         say(f"tune {s.label}: {r['seconds']:.1f} s, fastest {decision_order(r, 'fwd')[:1]}")
     return {"planned": len(mine), "done_before": len(done), "ran": ran, "left": len(todo) - ran + waiting,
@@ -457,9 +470,90 @@ def _merge(files: list[Path], arch: str | None) -> dict[str, Any]:
     for pts in cells.values():
         pts.sort(key=lambda p: (p["head_dim"], p["log2_work"]))
     return {"schema": SCHEMA, "arch": arch, "generated_by": "attnkit tune --merge (do not edit by hand)",
-            "provenance": {"date": env["date"], **_machine(env), "grid": headers[0]["grid"],
-                           "shards": sorted(h["shard"] for h in headers), "cases": len(results)},
+            "provenance": {"date": max(h["environment"]["date"] for h in headers),
+                           "sessions": sorted({h["environment"]["date"] for h in headers}), **_machine(env),
+                           "grid": headers[0]["grid"],
+                           "shards": sorted({h["shard"] for h in headers}), "cases": len(results)},
             "cells": dict(sorted(cells.items()))}
+
+
+# -- cross-check: the lookup rule scored on the sweep's own cases -----------------------------------------------
+
+def _call_of(shape: dict[str, Any], grad: bool, device: str = "cuda") -> AttentionCall:
+    """The call a recorded case made, as the runtime describes it (no tensors: a case can be tens of GiB)."""
+    lengths = tuple(shape["lengths"]) if shape.get("lengths") else None
+    keys = tuple(shape["lengths_k"]) if shape.get("lengths_k") else lengths
+    window = tuple(shape["window"]) if shape.get("window") else None
+    return AttentionCall(device, 0, shape["dtype"], shape["batch"], shape["seqlen_q"], shape["seqlen_k"],
+                         shape["heads"], shape["kv_heads"], shape["head_dim"], shape["head_dim"], shape["causal"],
+                         False, window, shape["alibi"], False, lengths is not None, grad,
+                         softcap=bool(shape["softcap"]), lengths_q=lengths, lengths_k=keys)
+
+
+CROSS_CHECK_RULES: dict[str, Rule | None] = {  # runtime/table.py's RULE among the variants it was chosen from
+    "hand-written rows only (no table)": None,
+    "own cell and sibling, far 8x": Rule(far_log2=3.0, relax=()),
+    "+ other kv sharing, far 8x": Rule(far_log2=3.0, relax=("kv",)),
+    "+ other kv sharing and causality, far 8x": Rule(far_log2=3.0),
+    "own cell and sibling, far 4x": Rule(relax=()),
+    "+ other kv sharing, far 4x": Rule(relax=("kv",)),
+    "+ other kv sharing and causality, far 4x": Rule(),
+}
+
+
+def cross_check(files: list[Path], rules: dict[str, Rule | None] | None = None) -> dict[str, Any]:
+    """Leave-one-out over the sweep's cases: each case hidden in turn, the table merged from the others, and the
+    rule's pick for the hidden call (a near table point, else the hand-written rows, as the runtime decides)
+    timed by the hidden case's own measurement: best / picked per timing mode. Rules are scored side by side,
+    so the lookup is chosen from the whole grid's measurements, not from a few validation shapes."""
+    rules = rules or CROSS_CHECK_RULES
+    full = merge(files)
+    results = [r for f in files for r in _read_lines(f) if "shape" in r]
+    arch = full["arch"]
+    cap = (int(arch[2:-1]), int(arch[-1])) if arch.startswith("sm") and arch[2:].isdigit() else None
+    device = "cuda" if cap else "cpu"
+    report: dict[str, Any] = {"files": [str(f) for f in files], "arch": arch, "cases": len(results),
+                              "provenance": full["provenance"], "rules": {}}
+    for name, rule in rules.items():
+        rows = []
+        for r in results:
+            label = r["shape"]["label"]
+            cells = {k: kept for k, pts in full["cells"].items() if (kept := [p for p in pts if label not in p["cases"]])}
+            held_out = {**full, "cells": cells}
+            for ps in r.get("cell", {}):
+                t = _times(r, ps)
+                if len(t) < 2:
+                    continue
+                c = _call_of(r["shape"], ps == "fwdbwd", device)
+                d = table_decide(c, held_out, rule) if rule is not None else None
+                order, source = ((d.order, "table") if d is not None and not d.far
+                                 else (rows_order(c, cap)[0], "rows"))
+                pick = next((n for n in order if n in t), None)
+                if pick is None:
+                    continue
+                best = {m: min(v[m] for v in t.values()) for m in ("sync", "b2b")}
+                rows.append({"case": label, "pass": ps, "source": source, "pick": pick,
+                             **{m: round(best[m] / t[pick][m], 4) for m in ("sync", "b2b")}})
+        report["rules"][name] = {"rule": asdict(rule) if rule is not None else None, "summary": _cross_summary(rows), "calls": rows}
+    return report
+
+
+def _times(r: dict[str, Any], ps: str) -> dict[str, dict[str, float]]:
+    """A case's correct forced backends and their (sync, b2b) times for one pass."""
+    p = "attnkit:"
+    return {n[len(p):]: v[ps] for n, v in r["ms"].items() if n.startswith(p) and ps in v
+            and n not in r.get("wrong", {}) and all(_positive(v[ps].get(m)) for m in ("sync", "b2b"))}
+
+
+def _cross_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    if not rows:
+        return {"calls": 0}
+    worst = [min(x["sync"], x["b2b"]) for x in rows]
+    return {"calls": len(rows), "decided_by_table": sum(x["source"] == "table" for x in rows),
+            **{f"geomean_{m}": round(math.exp(statistics.fmean(math.log(x[m]) for x in rows)), 3)
+               for m in ("sync", "b2b")},
+            "share_both_modes_ge_0.90": round(sum(w >= 0.9 for w in worst) / len(worst), 3),
+            "min_worse_mode": min(worst)}
 
 
 def _machine(env: dict[str, Any]) -> dict[str, Any]:
@@ -498,7 +592,9 @@ def validate(out: Path | None, quick: bool = False, say: Any = print) -> dict[st
     env = environment()
     for s in validation_shapes(quick):
         r = bench_shape(s, device, iters=3 if quick else 10, rounds=2 if quick else 4)
-        row = {"shape": s.label, "selected": r["selected_by_pass"], "decided_by": r["row"], "ratios": {}}
+        # every candidate's times too: a later lookup rule can be scored on this run's measurements offline
+        row = {"shape": s.label, "selected": r["selected_by_pass"], "decided_by": r["row"], "ratios": {},
+               "ms": r["ms"], "wrong": sorted(r.get("wrong", {}))}
         for ps, modes in r["ratios"].items():
             for mode, x in modes.items():
                 row["ratios"][f"{ps}_{mode}"] = {"selected_over_oracle": round(x["selected_over_oracle"], 3),

@@ -74,6 +74,7 @@ def _cmd_tune(a: argparse.Namespace) -> int:
 
     if a.only_compiled:  # it chooses which of the timed run's cases run: meaningless elsewhere, and said so
         other = next((f for f, on in (("--merge", a.merge), ("--validate", a.validate), ("--plan", a.plan),
+                                      ("--cross-check", a.cross_check),
                                       ("--compile-only", a.compile_only), ("--refine", a.refine)) if on), None)
         if other is not None:
             raise UsageError(f"--only-compiled: not with {other} (it picks the timed run's cases from what "
@@ -92,6 +93,19 @@ def _cmd_tune(a: argparse.Namespace) -> int:
             png = Path(a.table).with_suffix(".png") if a.png == "-" else Path(a.png)
             tune.chart(table, png)
             print(f"wrote {png}")
+        return 0
+    if a.cross_check:
+        missing = next((f for f in a.cross_check if not Path(f).is_file()), None)
+        if missing is not None:
+            raise UsageError(f"--cross-check: {missing}: no such file (give `attnkit tune --out` files)")
+        if a.out:
+            check_writable(a.out, "--out")
+        rep = tune.cross_check([Path(f) for f in a.cross_check])
+        for name, r in rep["rules"].items():
+            print(f"{name}: {json.dumps(r['summary'])}")
+        if a.out:
+            write_atomic(Path(a.out), json.dumps(rep, indent=1) + "\n")
+            print(f"wrote {a.out}")
         return 0
     if a.validate:
         if a.out:
@@ -207,6 +221,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     tu.add_argument("--arch", help="with --merge: the table's architecture name (default: from the results' GPU)")
     tu.add_argument("--png", nargs="?", const="-", help="with --merge: a PNG of the winner per point (default: "
                                                         "beside --table)")
+    tu.add_argument("--cross-check", nargs="+", metavar="FILE", help="score the table lookup rule (and the variants "
+                    "it was chosen from) leave-one-out on these results; --out writes the report")
     tu.add_argument("--validate", action="store_true", help="time held-out shapes (not grid points): attnkit against "
                                                            "the fastest correct candidate; --out writes the report")
     tu.set_defaults(func=_cmd_tune)

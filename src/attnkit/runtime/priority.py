@@ -188,9 +188,15 @@ def order_for(call: AttentionCall, capability: tuple[int, int] | None) -> tuple[
             return (*d.order, *(n for n in base if n not in d.order)), d
         if d is not None:  # rule 4 decides; the decision says which measured point was too far to
             too_far = f" (the table's nearest point, {d.label}, is far from this call)"
-    if call.device != "cuda":
+    return rows_order(call, capability, too_far)
+
+
+def rows_order(call: AttentionCall, capability: tuple[int, int] | None,
+               too_far: str = "") -> tuple[tuple[str, ...], Decision]:
+    """Rule 4 of runtime/table.py alone: the first matching hand-written row, else the default order."""
+    base = default_order(call, capability)
+    if call.device != "cuda" or capability is None:
         return base, Decision("default", f"{call.device} order{too_far}")
-    assert capability is not None
     f = features(call)
     for row in ROWS:
         if row.matches(f, capability):
