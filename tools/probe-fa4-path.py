@@ -46,50 +46,49 @@ def top(fn, n: int = 300, rows: int = 14) -> list[str]:
 
 
 def shape(label: str, b: int, h: int, hk: int, sq: int, sk: int, d: int, window, softcap: float, fa) -> dict:
-    if True:
-        q = torch.randn(b, sq, h, d, device=dev, dtype=torch.bfloat16)
-        k, v = (torch.randn(b, sk, hk, d, device=dev, dtype=torch.bfloat16) for _ in range(2))
-        kw = {"causal": True, "window": window, "softcap": softcap}
-        fkw = {"causal": True, "softmax_scale": d ** -0.5}
-        if window is not None:
-            fkw["window_size"] = window
-        if softcap:
-            fkw["softcap"] = softcap
-        runs = {
-            "attnkit": lambda: attnkit.attention(q, k, v, **kw),
-            "attnkit:flash_attn4": lambda: attnkit.attention(q, k, v, backend="flash_attn4", **kw),
-            "flash_attn4_direct": lambda: fa.flash_attn_func(q, k, v, **fkw),
-        }
-        with torch.no_grad():
-            for fn in runs.values():
-                for _ in range(10):
-                    fn()
-            torch.cuda.synchronize()
-            bound = [{"backend": bc.backend.name, "call": repr(bc.call)} for bc in dispatch.bound_calls()
-                     if bc.call.seqlen_k == sk and bc.call.head_dim == d]
-            res: dict = {n: {"sync": [], "b2b": []} for n in runs}
-            order = list(runs)
-            rng = random.Random(0)
-            for it in range(120):
-                rng.shuffle(order)
+    q = torch.randn(b, sq, h, d, device=dev, dtype=torch.bfloat16)
+    k, v = (torch.randn(b, sk, hk, d, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    kw = {"causal": True, "window": window, "softcap": softcap}
+    fkw = {"causal": True, "softmax_scale": d ** -0.5}
+    if window is not None:
+        fkw["window_size"] = window
+    if softcap:
+        fkw["softcap"] = softcap
+    runs = {
+        "attnkit": lambda: attnkit.attention(q, k, v, **kw),
+        "attnkit:flash_attn4": lambda: attnkit.attention(q, k, v, backend="flash_attn4", **kw),
+        "flash_attn4_direct": lambda: fa.flash_attn_func(q, k, v, **fkw),
+    }
+    with torch.no_grad():
+        for fn in runs.values():
+            for _ in range(10):
+                fn()
+        torch.cuda.synchronize()
+        bound = [{"backend": bc.backend.name, "call": repr(bc.call)} for bc in dispatch.bound_calls()
+                 if bc.call.seqlen_k == sk and bc.call.head_dim == d]
+        res: dict = {n: {"sync": [], "b2b": []} for n in runs}
+        order = list(runs)
+        rng = random.Random(0)
+        for it in range(120):
+            rng.shuffle(order)
+            for n in order:
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                runs[n]()
+                torch.cuda.synchronize()
+                res[n]["sync"].append(time.perf_counter() - t0)
+            if it % 12 == 0:
                 for n in order:
                     torch.cuda.synchronize()
                     t0 = time.perf_counter()
-                    runs[n]()
+                    for _ in range(100):
+                        runs[n]()
                     torch.cuda.synchronize()
-                    res[n]["sync"].append(time.perf_counter() - t0)
-                if it % 12 == 0:
-                    for n in order:
-                        torch.cuda.synchronize()
-                        t0 = time.perf_counter()
-                        for _ in range(100):
-                            runs[n]()
-                        torch.cuda.synchronize()
-                        res[n]["b2b"].append((time.perf_counter() - t0) / 100)
-            profiles = {n: top(fn) for n, fn in runs.items()}
-        summary = {n: {m: round(statistics.median(x) * 1e6, 2) for m, x in r.items()} for n, r in res.items()}
-        print(label, json.dumps(summary), json.dumps(bound)[:600], flush=True)
-        return {"us": summary, "bound": bound, "profile_top_tottime": profiles}
+                    res[n]["b2b"].append((time.perf_counter() - t0) / 100)
+        profiles = {n: top(fn) for n, fn in runs.items()}
+    summary = {n: {m: round(statistics.median(x) * 1e6, 2) for m, x in r.items()} for n, r in res.items()}
+    print(label, json.dumps(summary), json.dumps(bound)[:600], flush=True)
+    return {"us": summary, "bound": bound, "profile_top_tottime": profiles}
 
 
 def main() -> None:
