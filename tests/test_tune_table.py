@@ -468,12 +468,15 @@ def test_the_sweep_prunes_a_slow_backend_after_its_first_calls(monkeypatch):
     monkeypatch.setattr(bench_run, "interleaved", interleaved)
     warms: list[int] = []
     real_warm = bench_run.warm
-    monkeypatch.setattr(bench_run, "warm", lambda runs, device, times=2: (warms.append(times),
-                                                                          real_warm(runs, device, times))[1])
+    monkeypatch.setattr(bench_run, "warm", lambda runs, device, times=2, seconds=None: (
+        warms.append(times), real_warm(runs, device, times, seconds))[1])
     s = next(x for x in tune.plan(tune.QUICK) if not x.alibi)
     r = bench_run.bench_shape(s, "cpu", iters=1, rounds=1, backends_only=True, prune=3.0)
     assert warms == [1]  # the sweep warms once: its two pruning calls follow
     assert set(r["step_seconds"]["fwd"]) == {"warm", "check", "first_calls", "sync", "b2b"}
+    warm_s = r["warm_seconds"]["fwd"]  # where the warm step's time went, per candidate
+    assert set(warm_s) == set(timed[0]) and all(x >= 0 for x in warm_s.values())
+    assert sum(warm_s.values()) <= r["step_seconds"]["fwd"]["warm"] + 0.01
     assert "attnkit:sdpa_math" in timed[0] and all("attnkit:sdpa_math" not in t for t in timed[1:])
     assert r["ms"]["attnkit:sdpa_math"]["fwd"] == {"sync": 1e4, "b2b": 1e4, "pruned": True}
     assert tune.decision_order(r, "fwd")[-1] == "sdpa_math"

@@ -63,8 +63,10 @@ def bench_shape(s: Shape, device: str, iters: int = 15, rounds: int = 5, backend
         lap = _lap_timer(steps)
         with torch.set_grad_enabled(grad):
             # the sweep (prune) warms once: its two pruning calls follow, and every call of a large case counts
-            first, errors = warm(runs, device, times=1 if prune else 2)
+            warm_s: dict[str, float] = {}
+            first, errors = warm(runs, device, times=1 if prune else 2, seconds=warm_s)
             lap("warm")
+            out.setdefault("warm_seconds", {})[ps] = warm_s
             for n, err in errors.items():
                 out["errors"][f"{n} {ps}"] = err
                 runs.pop(n)

@@ -24,10 +24,11 @@ The rule, in full (`RULE`, a `Rule`: its knobs are data, so `attnkit tune --cros
    ($ATTNKIT_AUTOTUNE=1) measures such calls on the spot.
 
 The knobs were chosen by leave-one-out over the H200 sweep's own 157 cases (each case hidden, the table merged
-from the rest, the rule's pick timed by the hidden case's measurement: docs/results/2026-12-02-h200-tune-cross-
-check-157-cases.json). Best / picked, geometric mean over 265 calls, sync and back to back: own cell and sibling,
-far 8x in work: 0.873 / 0.850; plus the other kv sharing: 0.895 / 0.879; plus the other causality, far 4x:
-0.914 / 0.899. A point 8x away stood for a call where the winner had changed (FA4 at 2^39, SDPA at 2^31).
+from the rest, the rule's pick timed by the hidden case's measurement; the report:
+docs/results/2026-12-02-h200-tune-cross-check-157-cases.json). Best / picked, geometric mean over 265 calls, sync
+and back to back: the hand-written rows alone 0.851 / 0.824; own cell and sibling, far 8x in work 0.873 / 0.850;
+plus the other kv sharing 0.895 / 0.879; plus the other causality, far 4x, 0.914 / 0.899. A point 8x away stood
+for calls where the winner had changed (FA4 at 2^39 work, SDPA at 2^31).
 """
 
 from __future__ import annotations
