@@ -687,6 +687,31 @@ def test_validate_writes_each_shape_as_it_lands(tmp_path, monkeypatch):
     doc = json.loads(out.read_text())
     assert [r["shape"] for r in doc["shapes"]] == seen
     assert doc["device"] == "cpu" and doc["summary"] and all(v["shapes"] == 1 for v in doc["summary"].values())
+    # every mode raced again head to head: attnkit against the race's fastest other candidate
+    row = doc["shapes"][0]
+    for key, x in row["ratios"].items():
+        assert 0 < x["confirmed_selected_over_oracle"] <= 1.0 and x["confirmed_against"] != "attnkit", key
+        assert doc["summary"][key]["confirmed_min"] == x["confirmed_selected_over_oracle"]
+    assert set(row["ms"]) >= {"attnkit", f"attnkit:{row['selected']['fwd']}"}  # every candidate's times kept
+
+
+def test_the_head_to_head_rerun_races_attnkit_against_the_races_fastest_other(monkeypatch):
+    from attnkit.bench import run as bench_run
+
+    raced = []
+
+    def interleaved(runs, device, iters, calls=1, seed=0):
+        raced.append((sorted(runs), iters, calls))
+        return {n: (2.0 if n == "attnkit" else 1.0) for n in runs}
+
+    monkeypatch.setattr(bench_run, "interleaved", interleaved)
+    runs = {n: (lambda: None) for n in ("attnkit", "attnkit:a", "attnkit:b", "flash_attn4")}
+    race = {"sync": {"attnkit": 1.0, "attnkit:a": 0.9, "attnkit:b": 1.2, "flash_attn4": 0.95},
+            "b2b": {"attnkit": 1.0, "attnkit:a": 1.1, "attnkit:b": 1.2, "flash_attn4": 1.05}}
+    got = bench_run._head_to_head(runs, "cpu", race, iters=30, rounds=12, calls=7)
+    assert got == {"sync": {"against": "attnkit:a", "selected_over_it": 0.5},
+                   "b2b": {"against": "flash_attn4", "selected_over_it": 0.5}}
+    assert raced == [(["attnkit", "attnkit:a"], 30, 1), (["attnkit", "flash_attn4"], 12, 7)]
 
 
 def test_the_timed_run_measures_what_compile_only_compiled_first(tmp_path, monkeypatch):

@@ -25,12 +25,15 @@ TARGET_PLAIN = 0.98
 
 
 def bench_shape(s: Shape, device: str, iters: int = 15, rounds: int = 5, backends_only: bool = False,
-                prune: float = 0.0) -> dict[str, Any]:
+                prune: float = 0.0, confirm: int = 0) -> dict[str, Any]:
     """One shape raced in both timing modes, forward and (train) fwd+bwd, every output checked. `backends_only`:
     only attention() forced to each backend (the tune sweep: a table ranks backends, nothing else). `prune` (the
     sweep's): a candidate more than `prune` times slower than the fastest in the first two timed calls is not
     timed further; that time stands for both modes (marked "pruned"): it ranks last either way, and on large calls
-    the slow candidates took most of a case's time."""
+    the slow candidates took most of a case's time. `confirm` (validate's): per mode, attention() and the race's
+    fastest other candidate timed again head to head with `confirm` times the samples ("confirmed"): the race's
+    minimum over many noisy timings is biased low (the fastest of 15 candidates that run one kernel looks faster
+    than that kernel), a second race of two on fresh samples is not."""
     import torch
 
     from attnkit.runtime.backends.flex import allow_many_signatures
@@ -89,6 +92,10 @@ def bench_shape(s: Shape, device: str, iters: int = 15, rounds: int = 5, backend
             lap("sync")
             b2b = interleaved(timed, device, iters=rounds, calls=calls, seed=2)
             lap("b2b")
+            if confirm and AUTO in timed:
+                out.setdefault("confirmed", {})[ps] = _head_to_head(timed, device, {"sync": sync, "b2b": b2b},
+                                                                    iters * confirm, rounds * confirm, calls)
+                lap("confirm")
         # where a case's seconds go (the sweep's throughput decides how much of its plan a session measures)
         out.setdefault("step_seconds", {})[ps] = {k: round(v, 3) for k, v in steps.items()}
         for n in runs:
@@ -105,6 +112,21 @@ def bench_shape(s: Shape, device: str, iters: int = 15, rounds: int = 5, backend
     out["fa4_or_varlen"] = s.lengths is not None or "flash_attn4" in out["ms"]
     out["ratios"] = ratios(out["ms"], passes)
     return out
+
+
+def _head_to_head(runs: dict[str, Callable[[], Any]], device: str, race: dict[str, dict[str, float]], iters: int,
+                  rounds: int, calls: int) -> dict[str, dict[str, Any]]:
+    """Per mode: attention() against the race's fastest other candidate, two only, on new samples."""
+    res: dict[str, dict[str, Any]] = {}
+    for mode, t in race.items():
+        rival = min((n for n in t if n != AUTO), key=lambda n: t[n], default=None)
+        if rival is None:
+            continue
+        pair = {AUTO: runs[AUTO], rival: runs[rival]}
+        again = (interleaved(pair, device, iters=iters, seed=3) if mode == "sync"
+                 else interleaved(pair, device, iters=rounds, calls=calls, seed=4))
+        res[mode] = {"against": rival, "selected_over_it": again[rival] / again[AUTO]}
+    return res
 
 
 def _lap_timer(into: dict[str, float]) -> Callable[[str], None]:
