@@ -254,14 +254,35 @@ def test_index_refuses_unverified_changed_or_unlabelled_wheels(tmp_path, capsys)
     assert not (tmp_path / "s").exists()
 
 
-def env(torch="2.11.0+cu130", cuda="13.0", python="3.11", glibc=(2, 35)):
+def env(torch="2.11.0+cu130", cuda="13.0", python="3.11", glibc=(2, 35), machine="x86_64"):
     """What pyenv.describe() reads: the tags are packaging.tags' for that Python on a glibc machine."""
     from packaging import tags
 
     version = tuple(int(x) for x in python.split("."))
-    plats = [f"manylinux_{glibc[0]}_{m}_x86_64" for m in range(glibc[1], 16, -1)] + ["linux_x86_64"]
+    plats = [f"manylinux_{glibc[0]}_{m}_{machine}" for m in range(glibc[1], 16, -1)] + [f"linux_{machine}"]
     ts = [*tags.cpython_tags(version, platforms=plats), *tags.compatible_tags(version, platforms=plats)]
-    return PyEnv("/x/python", python, "x86_64", torch, cuda, True, tuple(str(t) for t in ts), True)
+    return PyEnv("/x/python", python, machine, torch, cuda, True, tuple(str(t) for t in ts), True)
+
+
+def test_one_key_serves_x86_64_and_aarch64_and_each_interpreter_takes_its_own(tmp_path):
+    """linux_aarch64 (GH200, GB200): the platform is in the wheel's tag, not in its local label, so both
+    machines' wheels of a cell share the cell's index key, and the interpreter's own tags pick between them."""
+    from attnkit.matrix import naming
+
+    arm = naming.wheel_filename("demo-pkg", "1.0", cuda="13.0", torch="2.11", cxx11_abi=True, python="3.11",
+                                wheel_tag="cpython", machine=naming.platform_machine("linux/arm64"))
+    assert arm == f"demo_pkg-1.0+{KEY11}-cp311-cp311-linux_aarch64.whl"
+    house = tmp_path / "h"
+    house.mkdir()
+    for machine in ("x86_64", "aarch64"):
+        verified(make_wheel(house, version=f"1.0+{KEY11}", tag=f"cp311-cp311-linux_{machine}"))
+    index.build_index(house, tmp_path / "site")
+    cands = resolve.listing(resolve.index_url(str(tmp_path / "site"), env(machine="aarch64")), "demo-pkg")
+    assert sorted(c.filename for c in cands) == sorted([arm, arm.replace("aarch64", "x86_64")])
+    assert resolve.choose(cands, env(machine="aarch64"), "demo-pkg").filename == arm
+    assert resolve.choose(cands, env(), "demo-pkg").filename.endswith("-linux_x86_64.whl")
+    with pytest.raises(AttnkitError, match=r"nearest: .*tags cp311-cp311-linux_aarch64"):
+        resolve.choose([c for c in cands if "aarch64" in c.filename], env(), "demo-pkg")
 
 
 def test_resolve_picks_the_fitting_wheel_and_explains_misses(tmp_path):
