@@ -804,7 +804,14 @@ def test_neighbours_relax_kv_then_causality_and_a_rule_without_relaxations_keeps
     assert table.neighbours(key, table.Rule(relax=())) == got[:2]
     assert table.neighbours(key, table.Rule(relax=("kv",))) == got[:6]
     with pytest.raises(ValueError, match="unknown relaxation 'dtype'"):
-        table.neighbours(key, table.Rule(relax=("dtype",)))
+        table.Rule(relax=("dtype",))
+    with pytest.raises(ValueError, match="must be > 0"):
+        table.Rule(far_log2=0)
+    with pytest.raises(ValueError, match="not a table cell key"):
+        table.neighbours("fwd|bfloat16|causal")
+    # each relaxation applies to every cell listed before it: the order of `relax` changes the order, not the set
+    swapped = table.neighbours(key, table.Rule(relax=("causal", "kv")))
+    assert set(swapped) == set(got) and swapped[2] == "fwd|bfloat16|full|gqa|equal|-|-|-|no"
     # the far threshold is the rule's: a point 3 octaves away in work is near at 8x, far at 4x
     c = call()
     w = table.log2_work(c)
@@ -837,6 +844,36 @@ def test_cross_check_hides_each_case_and_times_the_rules_pick_by_its_own_measure
     assert [(x["case"], x["source"], x["pick"], x["sync"]) for x in relaxed["calls"]] == [
         ("a", "table", "sdpa_flash", 1.0), ("b", "table", "sdpa_flash", 1.0)]
     assert relaxed["summary"]["decided_by_table"] == 2 and relaxed["summary"]["geomean_b2b"] == 1.0
+    # a causal one-query case is recorded (and looked up) as the runtime describes it: an unmasked decode
+    dec = _case("d", "fwd|bfloat16|full|mha|decode|-|-|-|no", 128, 30.0,
+                {"sdpa_flash": (1.0, 1.0), "sdpa_cudnn": (2.0, 2.0)})
+    dec["shape"].update(causal=True, seqlen_q=1)
+    f.write_text("".join(json.dumps(x) + "\n" for x in [*lines, dec]))
+    rep = tune.cross_check([f], {"own": table.Rule(relax=())})["rules"]["own"]
+    assert rep["summary"]["skipped"] == 0 and [x["case"] for x in rep["calls"]] == ["a", "b", "d"]
+    # a case line that is not what the sweep writes: one line naming --cross-check
+    bad = {**lines[1], "shape": {k: v for k, v in lines[1]["shape"].items() if k != "dtype"}}
+    f.write_text("".join(json.dumps(x) + "\n" for x in [header, bad]))
+    with pytest.raises(tune.UsageError, match=r"^--cross-check: a case of .* is not what `attnkit tune` writes"):
+        tune.cross_check([f])
+    f.write_text("not json\n")
+    with pytest.raises(tune.UsageError, match=r"^--cross-check: .* is not an attnkit tune file"):
+        tune.cross_check([f])
+
+
+@pytest.mark.parametrize(("args", "msg"), [
+    (["--cross-check", "{missing}"], "--cross-check: {missing}: no such file"),
+    (["--cross-check", "{good}", "--out", "{good}"], "is one of the --cross-check inputs"),
+    (["--cross-check", "{good}", "--merge", "{good}"], "--cross-check: not with --merge"),
+])
+def test_cross_check_cli_refuses_in_one_line(tmp_path, args, msg):
+    good, missing = tmp_path / "good.jsonl", tmp_path / "missing.jsonl"
+    good.write_text('{"header": true}\n')
+    fill = {"good": good, "missing": missing}
+    r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", *(a.format(**fill) for a in args)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and msg.format(**fill) in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert good.read_text() == '{"header": true}\n'  # the input is never written
 
 
 def test_a_resumed_sweep_heads_its_cases_and_a_cut_last_line_does_not_swallow_the_next(tmp_path):

@@ -5,7 +5,9 @@ decode 0.85, speculative decode 0.83 per call with a sync), when on the CPU both
 For each shape: the three calls timed interleaved in shuffled order, per call with a sync (host clock) and back to
 back (100 calls), forward only; the bound call each signature got (backend, the call attnkit saw); and a cProfile
 of 300 back-to-back calls of each, top functions by own time. Prints and writes JSON (argv[1]).
-Run on a GPU with FA4 installed, after its kernels for these shapes are cached (the session's validate phase)."""
+Run on a GPU with FA4 installed, after its kernels for these shapes are cached (the session's validate phase).
+(docs/results/2026-12-02-h200-fa4-path-probe.json came from the first version, whose direct call passed
+causal=True for the one-query shapes; attnkit passes those unmasked, as this version's direct call now does.)"""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import torch
 import attnkit
 from attnkit.bench.run import environment
 from attnkit.runtime import dispatch, loaders
+from attnkit.runtime.call import normalise_mask
 
 dev = "cuda"
 SHAPES = {  # (batch, heads, kv_heads, sq, sk, head_dim, window, softcap): tune.validation_shapes' rows
@@ -49,9 +52,11 @@ def shape(label: str, b: int, h: int, hk: int, sq: int, sk: int, d: int, window,
     q = torch.randn(b, sq, h, d, device=dev, dtype=torch.bfloat16)
     k, v = (torch.randn(b, sk, hk, d, device=dev, dtype=torch.bfloat16) for _ in range(2))
     kw = {"causal": True, "window": window, "softcap": softcap}
-    fkw = {"causal": True, "softmax_scale": d ** -0.5}
-    if window is not None:
-        fkw["window_size"] = window
+    # what attnkit passes FA4 (runtime/call.py normalise_mask): one causal query is an unmasked decode
+    causal, win = normalise_mask(True, sq, window)
+    fkw = {"causal": causal, "softmax_scale": d ** -0.5}
+    if win is not None:
+        fkw["window_size"] = win
     if softcap:
         fkw["softcap"] = softcap
     runs = {

@@ -26,6 +26,7 @@ import itertools
 import json
 import math
 import random
+import re
 import statistics
 import time
 from dataclasses import asdict
@@ -37,9 +38,10 @@ from attnkit.bench.candidates import AUTO, PLAIN
 from attnkit.bench.run import bench_shape, environment, measuring_device
 from attnkit.bench.shapes import Shape
 from attnkit.errors import UsageError, first_line
-from attnkit.runtime.call import AttentionCall
+from attnkit.runtime.call import AttentionCall, normalise_mask
 from attnkit.runtime.priority import rows_order
 from attnkit.runtime.table import SCHEMA, Rule
+from attnkit.runtime.table import cell_of as table_cell
 from attnkit.runtime.table import decide as table_decide
 
 HEAD_DIMS = (32, 40, 64, 80, 96, 128, 192, 256)
@@ -416,12 +418,15 @@ def _compile_case(s: Shape, device: str, every_candidate: bool = False) -> int:
     return failed
 
 
-def merge(files: list[Path], arch: str | None = None) -> dict[str, Any]:
-    """The selection table from shard files (runtime/table.py's format), with provenance."""
+def merge(files: list[Path], arch: str | None = None, flag: str = "--merge") -> dict[str, Any]:
+    """The selection table from shard files (runtime/table.py's format), with provenance. `flag`: the option
+    the files came in by, which the one-line errors name."""
     try:
         return _merge(files, arch)
+    except UsageError as exc:
+        raise UsageError(str(exc).replace("--merge:", f"{flag}:", 1)) from None
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, ArithmeticError) as exc:
-        raise UsageError(f"--merge: a line of {', '.join(map(str, files))[:200]} is not what `attnkit tune` writes "
+        raise UsageError(f"{flag}: a line of {', '.join(map(str, files))[:200]} is not what `attnkit tune` writes "
                          f"({type(exc).__name__}: {first_line(exc, 80)})") from None
 
 
@@ -441,8 +446,8 @@ def _merge(files: list[Path], arch: str | None) -> dict[str, Any]:
         results += [r for r in lines if "shape" in r]
     envs = {json.dumps(_machine(h["environment"]), sort_keys=True) for h in headers}
     if len(envs) > 1:
-        raise UsageError("--merge: the files come from different machines or library versions; merge one "
-                         "machine's shards at a time")
+        raise UsageError("--merge: the files come from different machines or library versions (a resumed file "
+                         "has a header per session); merge one machine's shards at a time")
     env = headers[0]["environment"]
     gpus = env["probe"].get("gpus") or []
     arch = arch or (f"sm{gpus[0]['capability'][0]}{gpus[0]['capability'][1]}" if gpus else "cpu")
@@ -480,13 +485,15 @@ def _merge(files: list[Path], arch: str | None) -> dict[str, Any]:
 # -- cross-check: the lookup rule scored on the sweep's own cases -----------------------------------------------
 
 def _call_of(shape: dict[str, Any], grad: bool, device: str = "cuda") -> AttentionCall:
-    """The call a recorded case made, as the runtime describes it (no tensors: a case can be tens of GiB)."""
+    """The call a recorded case made, as the runtime describes it (no tensors: a case can be tens of GiB), with
+    the runtime's own mask normalisation (one causal query is an unmasked decode)."""
     lengths = tuple(shape["lengths"]) if shape.get("lengths") else None
     keys = tuple(shape["lengths_k"]) if shape.get("lengths_k") else lengths
-    window = tuple(shape["window"]) if shape.get("window") else None
+    window = tuple(shape["window"]) if shape.get("window") and tuple(shape["window"]) != (-1, -1) else None
+    causal, window = normalise_mask(bool(shape["causal"]), shape["seqlen_q"], window)
     return AttentionCall(device, 0, shape["dtype"], shape["batch"], shape["seqlen_q"], shape["seqlen_k"],
-                         shape["heads"], shape["kv_heads"], shape["head_dim"], shape["head_dim"], shape["causal"],
-                         False, window, shape["alibi"], False, lengths is not None, grad,
+                         shape["heads"], shape["kv_heads"], shape["head_dim"], shape["head_dim"], causal,
+                         False, window, bool(shape["alibi"]), False, lengths is not None, grad,
                          softcap=bool(shape["softcap"]), lengths_q=lengths, lengths_k=keys)
 
 
@@ -502,39 +509,53 @@ CROSS_CHECK_RULES: dict[str, Rule | None] = {  # runtime/table.py's RULE among t
 
 
 def cross_check(files: list[Path], rules: dict[str, Rule | None] | None = None) -> dict[str, Any]:
-    """Leave-one-out over the sweep's cases: each case hidden in turn, the table merged from the others, and the
-    rule's pick for the hidden call (a near table point, else the hand-written rows, as the runtime decides)
-    timed by the hidden case's own measurement: best / picked per timing mode. Rules are scored side by side,
-    so the lookup is chosen from the whole grid's measurements, not from a few validation shapes."""
-    rules = rules or CROSS_CHECK_RULES
-    full = merge(files)
-    results = [r for f in files for r in _read_lines(f) if "shape" in r]
-    arch = full["arch"]
-    cap = (int(arch[2:-1]), int(arch[-1])) if arch.startswith("sm") and arch[2:].isdigit() else None
+    """Leave-one-out over the sweep's cases: each case hidden in turn (with any case merged into the same
+    point: the table keeps no per-case split), the table merged from the rest, and the rule's pick for the
+    hidden call (a near table point, else the hand-written rows, as the runtime decides) timed by the hidden
+    case's own measurement: best / picked per timing mode; a pick that was wrong or did not run in the hidden
+    case gives way to the next in its order. Rules are scored side by side, so the lookup is chosen from the whole
+    grid's measurements, not from a few validation shapes."""
+    full = merge(files, flag="--cross-check")
+    try:
+        return _cross_check(files, full, rules or CROSS_CHECK_RULES)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, ArithmeticError) as exc:
+        raise UsageError(f"--cross-check: a case of {', '.join(map(str, files))[:200]} is not what `attnkit tune` "
+                         f"writes ({type(exc).__name__}: {first_line(exc, 80)})") from None
+
+
+def _cross_check(files: list[Path], full: dict[str, Any], rules: dict[str, Rule | None]) -> dict[str, Any]:
+    results = list({r["shape"]["label"]: r for f in files for r in _read_lines(f) if "shape" in r}.values())
+    m = re.fullmatch(r"sm(\d+)(\d)", full["arch"])
+    cap = (int(m[1]), int(m[2])) if m else None
     device = "cuda" if cap else "cpu"
-    report: dict[str, Any] = {"files": [str(f) for f in files], "arch": arch, "cases": len(results),
+    report: dict[str, Any] = {"files": [str(f) for f in files], "arch": full["arch"], "cases": len(results),
                               "provenance": full["provenance"], "rules": {}}
     for name, rule in rules.items():
-        rows = []
+        rows, skipped = [], 0
         for r in results:
             label = r["shape"]["label"]
             cells = {k: kept for k, pts in full["cells"].items() if (kept := [p for p in pts if label not in p["cases"]])}
             held_out = {**full, "cells": cells}
-            for ps in r.get("cell", {}):
+            for ps, recorded in r.get("cell", {}).items():
                 t = _times(r, ps)
-                if len(t) < 2:
-                    continue
                 c = _call_of(r["shape"], ps == "fwdbwd", device)
+                if len(t) < 2 or table_cell(c) != recorded:  # nothing to choose, or not the call it recorded
+                    skipped += 1
+                    continue
                 d = table_decide(c, held_out, rule) if rule is not None else None
                 order, source = ((d.order, "table") if d is not None and not d.far
                                  else (rows_order(c, cap)[0], "rows"))
                 pick = next((n for n in order if n in t), None)
                 if pick is None:
+                    skipped += 1
                     continue
                 best = {m: min(v[m] for v in t.values()) for m in ("sync", "b2b")}
                 rows.append({"case": label, "pass": ps, "source": source, "pick": pick,
-                             **{m: round(best[m] / t[pick][m], 4) for m in ("sync", "b2b")}})
-        report["rules"][name] = {"rule": asdict(rule) if rule is not None else None, "summary": _cross_summary(rows), "calls": rows}
+                             **{m: best[m] / t[pick][m] for m in ("sync", "b2b")}})
+        report["rules"][name] = {"rule": asdict(rule) if rule is not None else None,
+                                 "summary": {**_cross_summary(rows), "skipped": skipped},
+                                 "calls": [{**x, "sync": round(x["sync"], 4), "b2b": round(x["b2b"], 4)}
+                                           for x in rows]}
     return report
 
 
@@ -553,7 +574,7 @@ def _cross_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             **{f"geomean_{m}": round(math.exp(statistics.fmean(math.log(x[m]) for x in rows)), 3)
                for m in ("sync", "b2b")},
             "share_both_modes_ge_0.90": round(sum(w >= 0.9 for w in worst) / len(worst), 3),
-            "min_worse_mode": min(worst)}
+            "min_worse_mode": round(min(worst), 4)}
 
 
 def _machine(env: dict[str, Any]) -> dict[str, Any]:
@@ -614,8 +635,8 @@ def validate(out: Path | None, quick: bool = False, say: Any = print) -> dict[st
 
 
 def _validation_report(rows: list[dict[str, Any]], env: dict[str, Any], device: str) -> dict[str, Any]:
-    def gm(vals: list[float]) -> float:
-        return round(math.exp(statistics.fmean(math.log(v) for v in vals)), 3)
+    def gm(vals: list[float]) -> float:  # a ratio rounded to 0 (a pick 2000x slower) still has a logarithm
+        return round(math.exp(statistics.fmean(math.log(max(v, 1e-6)) for v in vals)), 3)
 
     summary = {}
     for key in sorted({k for r in rows for k in r["ratios"]}):

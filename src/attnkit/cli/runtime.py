@@ -82,6 +82,26 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         if a.out and not tune.compiled_path(Path(a.out)).is_file():
             raise UsageError(f"--only-compiled: no {tune.compiled_path(Path(a.out))} (run `attnkit tune "
                              f"--compile-only --out {a.out} --resume` first)")
+    if a.cross_check:
+        other = next((f for f, on in (("--merge", a.merge), ("--validate", a.validate), ("--plan", a.plan),
+                                      ("--compile-only", a.compile_only), ("--refine", a.refine),
+                                      ("--resume", a.resume)) if on), None)
+        if other is not None:
+            raise UsageError(f"--cross-check: not with {other} (it reads finished result files and runs nothing)")
+        missing = next((f for f in a.cross_check if not Path(f).is_file()), None)
+        if missing is not None:
+            raise UsageError(f"--cross-check: {missing}: no such file (give `attnkit tune --out` files)")
+        if a.out:
+            if any(Path(a.out).resolve() == Path(f).resolve() for f in a.cross_check):
+                raise UsageError(f"--out: {a.out} is one of the --cross-check inputs; the report goes to a new file")
+            check_writable(a.out, "--out")
+        rep = tune.cross_check([Path(f) for f in a.cross_check])
+        for name, r in rep["rules"].items():
+            print(f"{name}: {json.dumps(r['summary'])}")
+        if a.out:
+            write_atomic(Path(a.out), json.dumps(rep, indent=1) + "\n")
+            print(f"wrote {a.out}")
+        return 0
     if a.merge:
         if not a.table:
             raise UsageError("--table: required with --merge (where <arch>.json goes, e.g. "
@@ -93,19 +113,6 @@ def _cmd_tune(a: argparse.Namespace) -> int:
             png = Path(a.table).with_suffix(".png") if a.png == "-" else Path(a.png)
             tune.chart(table, png)
             print(f"wrote {png}")
-        return 0
-    if a.cross_check:
-        missing = next((f for f in a.cross_check if not Path(f).is_file()), None)
-        if missing is not None:
-            raise UsageError(f"--cross-check: {missing}: no such file (give `attnkit tune --out` files)")
-        if a.out:
-            check_writable(a.out, "--out")
-        rep = tune.cross_check([Path(f) for f in a.cross_check])
-        for name, r in rep["rules"].items():
-            print(f"{name}: {json.dumps(r['summary'])}")
-        if a.out:
-            write_atomic(Path(a.out), json.dumps(rep, indent=1) + "\n")
-            print(f"wrote {a.out}")
         return 0
     if a.validate:
         if a.out:

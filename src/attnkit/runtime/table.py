@@ -26,9 +26,9 @@ The rule, in full (`RULE`, a `Rule`: its knobs are data, so `attnkit tune --cros
 The knobs were chosen by leave-one-out over the H200 sweep's own 157 cases (each case hidden, the table merged
 from the rest, the rule's pick timed by the hidden case's measurement; the report:
 docs/results/2026-12-02-h200-tune-cross-check-157-cases.json). Best / picked, geometric mean over 265 calls, sync
-and back to back: the hand-written rows alone 0.851 / 0.824; own cell and sibling, far 8x in work 0.873 / 0.850;
-plus the other kv sharing 0.895 / 0.879; plus the other causality, far 4x, 0.914 / 0.899. A point 8x away stood
-for calls where the winner had changed (FA4 at 2^39 work, SDPA at 2^31).
+and back to back: the hand-written rows alone 0.851 / 0.824; own cell and sibling, far 8x in work 0.882 / 0.858;
+plus the other kv sharing 0.905 / 0.888 (far 4x: 0.908 / 0.891); plus the other causality, far 4x, 0.914 / 0.899.
+A point 8x away stood for calls where the winner had changed (FA4 at 2^39 work, SDPA at 2^31).
 """
 
 from __future__ import annotations
@@ -53,6 +53,13 @@ class Rule:
     far_log2: float = 2.0  # a point more than 4x away in work is "far": it does not decide (rule 4 does)
     far_head_dim_log2: float = 1.0  # nor one whose head dim is more than 2x away
     relax: tuple[str, ...] = ("kv", "causal")  # rule 1's neighbours beyond the sibling dtype, in order
+
+    def __post_init__(self) -> None:
+        if not (self.far_log2 > 0 and self.far_head_dim_log2 > 0):
+            raise ValueError("Rule: far_log2 and far_head_dim_log2 must be > 0")
+        unknown = [r for r in self.relax if r not in ("kv", "causal")]
+        if unknown:
+            raise ValueError(f"Rule.relax: unknown relaxation {unknown[0]!r} (kv, causal)")
 
 
 RULE = Rule()
@@ -203,20 +210,20 @@ _CAUSAL_FLIP = {"causal": "full", "full": "causal"}
 
 
 def neighbours(key: str, rule: Rule = RULE) -> list[str]:
-    """Rule 1's cells, in the order they decide: the call's own and its sibling dtype's, then (rule.relax) the
-    same with each other kv sharing, nearest first, then all of those with the other causality."""
-    def with_sibling(keys: list[str]) -> list[str]:
-        return [x for k in keys for x in (k, sibling(k)) if x is not None]
-
-    out = with_sibling([key])
+    """Rule 1's cells, in the order they decide: the call's own, then (each of rule.relax in turn, applied to
+    every cell listed so far) the other kv sharing, nearest first, and the other causality; each cell followed
+    by its sibling dtype's."""
+    parts = key.split("|")
+    if len(parts) != 9 or parts[3] not in _KV_NEXT or parts[2] not in _CAUSAL_FLIP:
+        raise ValueError(f"not a table cell key (cell_of's nine features): {key[:80]!r}")
+    cells = [key]
     for relax in rule.relax:
+        split = [c.split("|") for c in cells]
         if relax == "kv":
-            parts = key.split("|")
-            out += with_sibling(["|".join((*parts[:3], kv, *parts[4:])) for kv in _KV_NEXT[parts[3]]])
-        elif relax == "causal":
-            out += [("|".join((p[0], p[1], _CAUSAL_FLIP[p[2]], *p[3:]))) for p in (k.split("|") for k in list(out))]
-        else:
-            raise ValueError(f"Rule.relax: unknown relaxation {relax!r} (kv, causal)")
+            cells += ["|".join((*p[:3], kv, *p[4:])) for p in split for kv in _KV_NEXT[p[3]]]
+        else:  # "causal" (Rule checks the names)
+            cells += ["|".join((*p[:2], _CAUSAL_FLIP[p[2]], *p[3:])) for p in split]
+    out = [x for c in cells for x in (c, sibling(c)) if x is not None]
     return list(dict.fromkeys(out))
 
 
