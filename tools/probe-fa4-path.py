@@ -7,7 +7,8 @@ back (100 calls), forward only; the bound call each signature got (backend, the 
 of 300 back-to-back calls of each, top functions by own time. Prints and writes JSON (argv[1]).
 Run on a GPU with FA4 installed, after its kernels for these shapes are cached (the session's validate phase).
 (docs/results/2026-12-02-h200-fa4-path-probe.json came from the first version, whose direct call passed
-causal=True for the one-query shapes; attnkit passes those unmasked, as this version's direct call now does.)"""
+causal=True for the one-query shapes, as attnkit does not, and which had a copy of the same interleaved loop
+that bench/timer.py `interleaved` now runs for it.)"""
 
 from __future__ import annotations
 
@@ -15,15 +16,13 @@ import cProfile
 import io
 import json
 import pstats
-import random
-import statistics
 import sys
-import time
 
 import torch
 
 import attnkit
 from attnkit.bench.run import environment
+from attnkit.bench.timer import interleaved
 from attnkit.runtime import dispatch, loaders
 from attnkit.runtime.call import normalise_mask
 
@@ -71,27 +70,11 @@ def shape(label: str, b: int, h: int, hk: int, sq: int, sk: int, d: int, window,
         torch.cuda.synchronize()
         bound = [{"backend": bc.backend.name, "call": repr(bc.call)} for bc in dispatch.bound_calls()
                  if bc.call.seqlen_k == sk and bc.call.head_dim == d]
-        res: dict = {n: {"sync": [], "b2b": []} for n in runs}
-        order = list(runs)
-        rng = random.Random(0)
-        for it in range(120):
-            rng.shuffle(order)
-            for n in order:
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                runs[n]()
-                torch.cuda.synchronize()
-                res[n]["sync"].append(time.perf_counter() - t0)
-            if it % 12 == 0:
-                for n in order:
-                    torch.cuda.synchronize()
-                    t0 = time.perf_counter()
-                    for _ in range(100):
-                        runs[n]()
-                    torch.cuda.synchronize()
-                    res[n]["b2b"].append((time.perf_counter() - t0) / 100)
+        # the bench's own timer: shuffled order each iteration, medians (10 samples of 100 calls back to back)
+        res = {"sync": interleaved(runs, "cuda", iters=120, seed=0),
+               "b2b": interleaved(runs, "cuda", iters=10, calls=100, seed=1)}
         profiles = {n: top(fn) for n, fn in runs.items()}
-    summary = {n: {m: round(statistics.median(x) * 1e6, 2) for m, x in r.items()} for n, r in res.items()}
+    summary = {n: {m: round(res[m][n] * 1e6, 2) for m in res} for n in runs}
     print(label, json.dumps(summary), json.dumps(bound)[:600], flush=True)
     return {"us": summary, "bound": bound, "profile_top_tottime": profiles}
 

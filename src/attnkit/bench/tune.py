@@ -489,8 +489,8 @@ def _call_of(shape: dict[str, Any], grad: bool, device: str = "cuda") -> Attenti
     the runtime's own mask normalisation (one causal query is an unmasked decode)."""
     lengths = tuple(shape["lengths"]) if shape.get("lengths") else None
     keys = tuple(shape["lengths_k"]) if shape.get("lengths_k") else lengths
-    window = tuple(shape["window"]) if shape.get("window") and tuple(shape["window"]) != (-1, -1) else None
-    causal, window = normalise_mask(bool(shape["causal"]), shape["seqlen_q"], window)
+    causal, window = normalise_mask(bool(shape["causal"]), shape["seqlen_q"],
+                                    tuple(shape["window"]) if shape.get("window") else None)
     return AttentionCall(device, 0, shape["dtype"], shape["batch"], shape["seqlen_q"], shape["seqlen_k"],
                          shape["heads"], shape["kv_heads"], shape["head_dim"], shape["head_dim"], causal,
                          False, window, bool(shape["alibi"]), False, lengths is not None, grad,
@@ -528,35 +528,37 @@ def _cross_check(files: list[Path], full: dict[str, Any], rules: dict[str, Rule 
     m = re.fullmatch(r"sm(\d+)(\d)", full["arch"])
     cap = (int(m[1]), int(m[2])) if m else None
     device = "cuda" if cap else "cpu"
-    report: dict[str, Any] = {"files": [str(f) for f in files], "arch": full["arch"], "cases": len(results),
-                              "provenance": full["provenance"], "rules": {}}
-    for name, rule in rules.items():
-        rows, skipped = [], 0
-        for r in results:
-            label = r["shape"]["label"]
-            cells = {k: kept for k, pts in full["cells"].items() if (kept := [p for p in pts if label not in p["cases"]])}
-            held_out = {**full, "cells": cells}
-            for ps, recorded in r.get("cell", {}).items():
-                t = _times(r, ps)
-                c = _call_of(r["shape"], ps == "fwdbwd", device)
-                if len(t) < 2 or table_cell(c) != recorded:  # nothing to choose, or not the call it recorded
-                    skipped += 1
-                    continue
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in rules}
+    skipped = dict.fromkeys(rules, 0)
+    for r in results:  # each case hidden once; every rule decides on that one held-out table
+        label = r["shape"]["label"]
+        cells = {k: kept for k, pts in full["cells"].items() if (kept := [p for p in pts if label not in p["cases"]])}
+        held_out = {**full, "cells": cells}
+        for ps, recorded in r.get("cell", {}).items():
+            t = _times(r, ps)
+            c = _call_of(r["shape"], ps == "fwdbwd", device)
+            if len(t) < 2 or table_cell(c) != recorded:  # nothing to choose, or not the call it recorded
+                for name in rules:
+                    skipped[name] += 1
+                continue
+            best = {m: min(v[m] for v in t.values()) for m in ("sync", "b2b")}
+            rows_pick = rows_order(c, cap)[0]
+            for name, rule in rules.items():
                 d = table_decide(c, held_out, rule) if rule is not None else None
-                order, source = ((d.order, "table") if d is not None and not d.far
-                                 else (rows_order(c, cap)[0], "rows"))
+                order, source = (d.order, "table") if d is not None and not d.far else (rows_pick, "rows")
                 pick = next((n for n in order if n in t), None)
                 if pick is None:
-                    skipped += 1
+                    skipped[name] += 1
                     continue
-                best = {m: min(v[m] for v in t.values()) for m in ("sync", "b2b")}
-                rows.append({"case": label, "pass": ps, "source": source, "pick": pick,
-                             **{m: best[m] / t[pick][m] for m in ("sync", "b2b")}})
-        report["rules"][name] = {"rule": asdict(rule) if rule is not None else None,
-                                 "summary": {**_cross_summary(rows), "skipped": skipped},
-                                 "calls": [{**x, "sync": round(x["sync"], 4), "b2b": round(x["b2b"], 4)}
-                                           for x in rows]}
-    return report
+                rows[name].append({"case": label, "pass": ps, "source": source, "pick": pick,
+                                   **{m: best[m] / t[pick][m] for m in ("sync", "b2b")}})
+    return {"files": [str(f) for f in files], "arch": full["arch"], "cases": len(results),
+            "provenance": full["provenance"],
+            "rules": {name: {"rule": asdict(rule) if rule is not None else None,
+                             "summary": {**_cross_summary(rows[name]), "skipped": skipped[name]},
+                             "calls": [{**x, "sync": round(x["sync"], 4), "b2b": round(x["b2b"], 4)}
+                                       for x in rows[name]]}
+                      for name, rule in rules.items()}}
 
 
 def _times(r: dict[str, Any], ps: str) -> dict[str, dict[str, float]]:

@@ -72,10 +72,12 @@ def _cmd_oracle(a: argparse.Namespace) -> int:
 def _cmd_tune(a: argparse.Namespace) -> int:
     from attnkit.bench import tune
 
+    def other_mode(*flags: str) -> str | None:
+        """The first of these tune modes given on the command line."""
+        return next((f for f in flags if getattr(a, f[2:].replace("-", "_"))), None)
+
     if a.only_compiled:  # it chooses which of the timed run's cases run: meaningless elsewhere, and said so
-        other = next((f for f, on in (("--merge", a.merge), ("--validate", a.validate), ("--plan", a.plan),
-                                      ("--cross-check", a.cross_check),
-                                      ("--compile-only", a.compile_only), ("--refine", a.refine)) if on), None)
+        other = other_mode("--merge", "--validate", "--plan", "--cross-check", "--compile-only", "--refine")
         if other is not None:
             raise UsageError(f"--only-compiled: not with {other} (it picks the timed run's cases from what "
                              "--compile-only compiled for the same --out, and that compiles the plan's cases only)")
@@ -83,9 +85,7 @@ def _cmd_tune(a: argparse.Namespace) -> int:
             raise UsageError(f"--only-compiled: no {tune.compiled_path(Path(a.out))} (run `attnkit tune "
                              f"--compile-only --out {a.out} --resume` first)")
     if a.cross_check:
-        other = next((f for f, on in (("--merge", a.merge), ("--validate", a.validate), ("--plan", a.plan),
-                                      ("--compile-only", a.compile_only), ("--refine", a.refine),
-                                      ("--resume", a.resume)) if on), None)
+        other = other_mode("--merge", "--validate", "--plan", "--compile-only", "--refine", "--resume")
         if other is not None:
             raise UsageError(f"--cross-check: not with {other} (it reads finished result files and runs nothing)")
         missing = next((f for f in a.cross_check if not Path(f).is_file()), None)
