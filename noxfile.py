@@ -76,15 +76,21 @@ BUILD_DEPS = ["setuptools>=75", "wheel==0.48.0", "ninja==1.13.0", "auditwheel==6
 @nox.session(python=PY)
 def e2e(session: nox.Session) -> None:
     """Real builds: a tiny CUDA extension through the wheel pipeline (nvcc from PyPI, CUDA torch), and the CPU
-    cell's image with podman on a debootstrap-made base (both installed here from Debian when missing)."""
+    cell's image with podman on a debootstrap-made base, its OS stage for linux/arm64 too under
+    qemu-user-static (all installed here from Debian when missing; needs root)."""
     import shutil
 
-    missing = [t for t in ("podman", "buildah", "debootstrap") if shutil.which(t) is None]
+    missing = [t for t in ("podman", "buildah", "debootstrap", "qemu-aarch64-static") if shutil.which(t) is None]
     if missing:
         session.log(f"installing {', '.join(missing)} from Debian (needs root)")
         session.run("apt-get", "update", "-qq", external=True)
-        session.run("apt-get", "install", "-y", "-qq", "podman", "buildah", "debootstrap", "runc", external=True,
-                    env={"DEBIAN_FRONTEND": "noninteractive"})
+        session.run("apt-get", "install", "-y", "-qq", "podman", "buildah", "debootstrap", "runc", "qemu-user-static",
+                    "binfmt-support", external=True, env={"DEBIAN_FRONTEND": "noninteractive"})
+    binfmt = Path("/proc/sys/fs/binfmt_misc")
+    if not (binfmt / "register").exists():  # a container's /proc may lack it: mount it (root)
+        session.run("mount", "-t", "binfmt_misc", "binfmt_misc", str(binfmt), external=True)
+    if not (binfmt / "qemu-aarch64").exists():
+        session.run("update-binfmts", "--enable", "qemu-aarch64", external=True)
     session.install("-e", ".[test]", TORCH_CUDA, *BUILD_DEPS, UV)
     # the image tests write ~3 GiB of layers; log where (podman's store, asked by attnkit) and the room left
     session.run("python", "-c", "from attnkit.images.build import store_space; "

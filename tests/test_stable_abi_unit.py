@@ -188,8 +188,11 @@ def test_flash_attn_3_is_one_wheel_and_one_job_per_cuda_major(matrix, capsys):
     assert all(p.abi == "stable" and p.min_torch == "2.9" for p in fa3.values() if p is not None)
     assert main(["matrix", "--format", "github", "--package", "flash-attn-3"]) == 0
     jobs = json.loads(capsys.readouterr().out)["include"]
-    assert [(j["cell"], j["abi"], j["min_torch"]) for j in jobs] == [
-        ("torch2.11-cu128-py312", "stable", "2.9"), ("torch2.11-cu130-py312", "stable", "2.9")]
+    assert [(j["cell"], j["abi"], j["min_torch"], j["machine"]) for j in jobs] == [
+        ("torch2.11-cu128-py312", "stable", "2.9", "x86_64"), ("torch2.11-cu130-py312", "stable", "2.9", "x86_64"),
+        ("torch2.11-cu130-py312", "stable", "2.9", "aarch64")]  # the cu13 wheel for aarch64 too, on the arm runner
+    arm = {c.package("flash-attn-3", "linux/arm64").wheel for c in cells if c.package("flash-attn-3", "linux/arm64")}
+    assert arm == {"flash_attn_3-3.0.0+cu13torch2.9stable.sm80sm90-cp310-abi3-linux_aarch64.whl"}
     assert main(["matrix", "--format", "github", "--package", "flash-attn"]) == 0
     assert all(j["abi"] == "cell" and "min_torch" not in j for j in json.loads(capsys.readouterr().out)["include"])
 

@@ -125,12 +125,17 @@ def test_ci_plan_dry_run(capsys):
     ref = next(p for p in plan if p["cell"] == "torch2.11-cu130-py312")
     assert ref["image_targets"] == ["torch2_11-cu130-py312-runtime", "torch2_11-cu130-py312-devel"]
     assert "ghcr.io/attnkit/attnkit:latest" in ref["moving_tags"] and ref["smoke"] == "gpu"
-    # the reference cell builds what the H200 tests, FlashAttention-3's one cu13 wheel included
-    assert ref["wheel_jobs"] == ["flash-attn", "xformers", "flash-attn-3"]
+    # the reference cell builds what the H200 tests, FlashAttention-3's one cu13 wheel included, and the same
+    # three for aarch64 on the arm64 runner
+    assert ref["platforms"] == ["linux/amd64", "linux/arm64"]
+    assert ref["wheel_jobs"] == ["flash-attn", "xformers", "flash-attn-3",
+                                 "flash-attn (aarch64)", "xformers (aarch64)", "flash-attn-3 (aarch64)"]
     shared = next(p for p in plan if p["cell"] == "torch2.11-cu126-py312")
+    assert shared["platforms"] == ["linux/amd64"]  # no arch list of PyTorch's cu126 aarch64 wheels is known
     assert shared["wheel_jobs"] == [] and shared["shared_wheels"] == ["flash-attn", "xformers", "flash-attn-3"]
     stable = [p["cell"] for p in plan if "flash-attn-3" in p["wheel_jobs"]]
     assert stable == ["torch2.11-cu128-py312", "torch2.11-cu130-py312"]  # one job per CUDA major
+    assert [p["cell"] for p in plan if "flash-attn-3 (aarch64)" in p["wheel_jobs"]] == ["torch2.11-cu130-py312"]
     assert main(["ci-plan"]) == 0
     assert "CI plan:" in capsys.readouterr().out
 
@@ -169,13 +174,21 @@ def test_sharded_wheel_build_fans_out_and_joins_per_wheel(capsys):
     link_run = "\n".join(s.get("run", "") for s in jobs["link"]["steps"])
     assert "--link-only --objects objects" in link_run
     downloads = [s for s in jobs["link"]["steps"] if s.get("uses", "").startswith("actions/download-artifact@")]
-    assert downloads[0]["with"]["pattern"] == "objects-${{ inputs.package }}-${{ inputs.cell }}-*"
+    assert downloads[0]["with"]["pattern"] == "objects-${{ inputs.package }}-${{ inputs.cell }}-${{ inputs.machine }}-*"
+    # each platform's wheel on its own runner and manylinux image, as the wheels.yml entry says
+    for job in ("compile", "link"):
+        assert jobs[job]["runs-on"] == "${{ inputs.runner }}" and jobs[job]["container"] == "${{ inputs.container }}"
+    passed = wheels["jobs"]["build"]["with"]
+    assert {k: passed[k] for k in ("platform", "machine", "runner", "container")} == {
+        k: f"${{{{ matrix.{k} }}}}" for k in ("platform", "machine", "runner", "container")}
     # what the plan step computes for the reference cell: N shard jobs, 1/N .. N/N
-    assert main(["matrix", "--format", "github", "--package", "flash-attn", "--shards", "--torch", "2.11",
-                 "--cuda", "13.0", "--python", "3.12"]) == 0
-    entries = [e for e in json.loads(capsys.readouterr().out)["include"] if e["cell"] == "torch2.11-cu130-py312"]
-    n = entries[0]["shards"]
-    assert n > 1 and [e["shard"] for e in entries] == [f"{i}/{n}" for i in range(1, n + 1)]
+    for plat, machine in (("linux/amd64", "x86_64"), ("linux/arm64", "aarch64")):
+        assert main(["matrix", "--format", "github", "--package", "flash-attn", "--shards", "--torch", "2.11",
+                     "--cuda", "13.0", "--python", "3.12", "--platform", plat]) == 0
+        entries = [e for e in json.loads(capsys.readouterr().out)["include"] if e["cell"] == "torch2.11-cu130-py312"]
+        n = entries[0]["shards"]
+        assert n > 1 and [e["shard"] for e in entries] == [f"{i}/{n}" for i in range(1, n + 1)]
+        assert {e["machine"] for e in entries} == {machine}
     assert main(["ci-plan"]) == 0
     assert "compile shard jobs" in capsys.readouterr().out
 

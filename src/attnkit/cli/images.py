@@ -19,24 +19,28 @@ def _cmd_images_wheelhouse(a: argparse.Namespace) -> int:
 
     cell = find_cell(load_matrix(a.file), a.cell)
     manifest = build_wheelhouse(cell, Path(a.out), Path(a.wheels) if a.wheels else None, a.index,
-                                test_builds=a.test_builds, without=tuple(a.without or ()))
-    files, size = manifest["files"], manifest["bytes"]
-    assert isinstance(files, list) and isinstance(size, int)
-    print(f"{a.out}: {len(files)} wheels ({size / 2**20:.0f} MiB) for {cell.id}")
+                                test_builds=a.test_builds, without=tuple(a.without or ()),
+                                platforms=tuple(a.platform or ()))
+    files, size, plats = manifest["files"], manifest["bytes"], manifest["platforms"]
+    assert isinstance(files, list) and isinstance(size, int) and isinstance(plats, list)
+    print(f"{a.out}: {len(files)} wheels ({size / 2**20:.0f} MiB) for {cell.id} on {', '.join(plats)}")
     return 0
 
 
 def _cmd_images_build(a: argparse.Namespace) -> int:
+    import platform
+
     from attnkit.images.base import local_base
     from attnkit.images.build import build_image, report_dict
-    from attnkit.matrix import load_matrix
+    from attnkit.matrix import load_matrix, naming
     from attnkit.matrix.expand import find_cell
 
     m = load_matrix(a.file)
     cell = find_cell(m, a.cell)
-    base = local_base(m, cell, a.variant) if a.local_base else a.base_image
+    base = local_base(m, cell, a.variant, a.platform or naming.machine_platform(platform.machine())) \
+        if a.local_base else a.base_image
     rep = build_image(m, cell, a.variant, target=a.target, base_image=base, builder=a.builder,
-                      context=Path(a.context))
+                      context=Path(a.context), platform=a.platform)
     doc = json.dumps(report_dict(rep), indent=1)
     if a.report:
         write_atomic(a.report, doc)
@@ -108,6 +112,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                     "(named '.sm90') where the cell's full wheel is missing; the manifest lists them")
     iw.add_argument("--without", action="append", metavar="PACKAGE", help="leave this package of the cell out "
                     "(repeatable; the manifest records it)")
+    iw.add_argument("--platform", action="append", choices=("linux/amd64", "linux/arm64", "all"),
+                    help="the image platforms it serves (repeatable; all: the cell's; default: this machine's); "
+                    "a multi-platform bake needs all")
     iw.add_argument("--file")
     iw.set_defaults(func=_cmd_images_wheelhouse)
     def image_args(sp: argparse.ArgumentParser) -> None:
@@ -126,6 +133,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ibd.add_argument("--target", choices=("runtime", "devel", "smoke", "os", "env"),
                      help="Dockerfile stage (default: the variant); 'smoke' runs nox -s smoke in the image")
     ibd.add_argument("--report")
+    ibd.add_argument("--platform", choices=("linux/amd64", "linux/arm64"),
+                     help="build this platform's image (default: this machine's; another runs under qemu-user-static)")
     ibd.set_defaults(func=_cmd_images_build)
     irp = imsub.add_parser("report", help="build (twice), check inside without a GPU, and report size, layers, "
                            "CUDA libraries, doctor, smoke")

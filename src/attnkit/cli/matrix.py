@@ -15,7 +15,7 @@ def _cmd_matrix(a: argparse.Namespace) -> int:
     from attnkit.matrix import CellFilter, emit, expand, load_matrix
 
     m = load_matrix(a.file)
-    cells = expand(m, CellFilter(torch=a.torch, cuda=a.cuda, python=a.python, package=a.package))
+    cells = expand(m, CellFilter(torch=a.torch, cuda=a.cuda, python=a.python, package=a.package, platform=a.platform))
     if a.shards and a.format != "github":
         raise UsageError("--shards: only with --format github --package (one CI job per compile shard)")
     if a.format == "table":
@@ -25,7 +25,7 @@ def _cmd_matrix(a: argparse.Namespace) -> int:
     elif a.format == "github":
         if a.shards and not a.package:
             raise UsageError("--shards: needs --package (shard jobs are per wheel)")
-        print(emit.to_github(cells, a.package, shards=a.shards))
+        print(emit.to_github(cells, a.package, shards=a.shards, platform=a.platform))
     elif a.format == "bake":
         print(emit.to_bake(m, cells))
     else:
@@ -94,6 +94,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     mx.add_argument("--cuda", metavar="X.Y|cpu", type=minor_version("13.0", cpu_ok=True))
     mx.add_argument("--python", metavar="X.Y", type=minor_version("3.12"))
     mx.add_argument("--package", metavar="NAME")
+    mx.add_argument("--platform", choices=("linux/amd64", "linux/arm64"),
+                    help="cells published for this platform (with --format github --package: its wheels only)")
     mx.add_argument("--shards", action="store_true", help="with --format github --package: one job per compile "
                                                           "shard of each wheel")
     mx.add_argument("--format", choices=FORMATS, default="table")

@@ -6,10 +6,14 @@ images do not use from them: the NVIDIA container environment (NVIDIA_VISIBLE_DE
 NVIDIA_REQUIRE_CUDA, CUDA_VERSION, the /usr/local/nvidia library path the container toolkit mounts the driver
 into), and for devel the cell's CUDA toolkit under /usr/local/cuda (from PyPI's NVIDIA toolkit wheels, the
 same ones `attnkit wheels build --toolkit pypi` uses). It has no libcudart of its own: torch's wheels bring the
-CUDA libraries, so nvidia/cuda's copy is a duplicate there anyway. nvidia/cuda stays the CI default."""
+CUDA libraries, so nvidia/cuda's copy is a duplicate there anyway. nvidia/cuda stays the CI default.
+
+Both are made per platform: a linux/arm64 base is debootstrapped for arm64, which runs its packages' scripts
+through qemu-user-static's binfmt handler where this machine is x86_64, and imported as an arm64 image."""
 
 from __future__ import annotations
 
+import platform as _host
 import re
 import shutil
 import subprocess
@@ -18,6 +22,7 @@ from pathlib import Path
 
 from attnkit._io import cache_dir
 from attnkit.errors import AttnkitError
+from attnkit.matrix import naming
 from attnkit.matrix.expand import Cell
 from attnkit.matrix.schema import Matrix
 
@@ -25,6 +30,30 @@ from attnkit.matrix.schema import Matrix
 # be the cell's, since the Dockerfile installs the distro's.
 DEBIAN_PYTHON = {"bookworm": "3.11", "trixie": "3.13"}
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
+# Debian's and OCI's architecture names are both Docker's (amd64, arm64); nvidia/cuda's images set NVARCH to
+# the CUDA repository's name for the machine (x86_64, sbsa).
+_NVARCH = {"linux/amd64": "x86_64", "linux/arm64": "sbsa"}
+
+
+def _arch(platform: str) -> str:
+    """'linux/arm64' -> 'arm64': debootstrap's --arch and podman's --arch."""
+    return platform.split("/", 1)[1]
+
+
+def _ref_suffix(platform: str) -> str:
+    """The amd64 images keep their names; another platform's carry it ('bookworm-arm64')."""
+    return "" if platform == "linux/amd64" else f"-{_arch(platform)}"
+
+
+def _foreign_ready(platform: str) -> None:
+    """A foreign platform's base runs its binaries through binfmt_misc; say so in one line when it cannot."""
+    if naming.platform_machine(platform) == _host.machine():
+        return
+    handler = Path(f"/proc/sys/fs/binfmt_misc/qemu-{naming.platform_machine(platform)}")
+    if not handler.is_file() or "enabled" not in handler.read_text():
+        raise AttnkitError(f"images: building for {platform} on {_host.machine()} needs qemu-user-static's binfmt "
+                           f"handler ({handler} is missing: apt-get install qemu-user-static binfmt-support, and "
+                           "mount binfmt_misc on /proc/sys/fs/binfmt_misc)")
 
 
 def _explain(output: str) -> str:
@@ -33,21 +62,22 @@ def _explain(output: str) -> str:
     return (errors or lines or ["no output"])[-1][:300]
 
 
-def debian_base(suite: str = "bookworm", mirror: str = DEBIAN_MIRROR) -> str:
-    """localhost/debian-base:<suite>, made once with debootstrap + podman import (needs root)."""
-    ref = f"localhost/debian-base:{suite}"
+def debian_base(suite: str = "bookworm", mirror: str = DEBIAN_MIRROR, platform: str = "linux/amd64") -> str:
+    """localhost/debian-base:<suite>[-arm64], made once with debootstrap + podman import (needs root)."""
+    ref = f"localhost/debian-base:{suite}{_ref_suffix(platform)}"
     if subprocess.run(["podman", "image", "exists", ref], check=False).returncode == 0:
         return ref
     if not shutil.which("debootstrap"):
         raise AttnkitError("images: debootstrap is not installed (apt-get install debootstrap)")
+    _foreign_ready(platform)
     with tempfile.TemporaryDirectory(prefix="attnkit-rootfs-") as tmp:
-        d = subprocess.run(["debootstrap", "--variant=minbase", suite, tmp, mirror], capture_output=True, text=True,
-                           check=False)
+        d = subprocess.run(["debootstrap", f"--arch={_arch(platform)}", "--variant=minbase", suite, tmp, mirror],
+                           capture_output=True, text=True, check=False)
         if d.returncode != 0:
-            raise AttnkitError(f"images: debootstrap {suite} failed: {_explain(d.stdout + d.stderr)}")
+            raise AttnkitError(f"images: debootstrap {suite} ({_arch(platform)}) failed: {_explain(d.stdout + d.stderr)}")
         tar = subprocess.Popen(["tar", "-C", tmp, "-c", "."], stdout=subprocess.PIPE)
-        imp = subprocess.run(["podman", "import", "-", ref], stdin=tar.stdout, capture_output=True, text=True,
-                             check=False)
+        imp = subprocess.run(["podman", "import", "--arch", _arch(platform), "-", ref], stdin=tar.stdout,
+                             capture_output=True, text=True, check=False)
         tar.wait()
         if imp.returncode != 0:
             raise AttnkitError(f"images: podman import failed: {_explain(imp.stderr)}")
@@ -84,10 +114,10 @@ def _copy_toolkit(home: Path, dest: Path) -> None:
             shutil.copy2(target, link)
 
 
-def standin_containerfile(cuda: str, release: str, base: str, toolkit: bool) -> str:
+def standin_containerfile(cuda: str, release: str, base: str, toolkit: bool, platform: str = "linux/amd64") -> str:
     """The stand-in for nvidia/cuda:<release>-{base|devel}: its container environment, its toolkit for devel."""
     env = {
-        "NVARCH": "x86_64",
+        "NVARCH": _NVARCH[platform],
         "CUDA_VERSION": release,
         "NVIDIA_REQUIRE_CUDA": f"cuda>={cuda}",
         "NVIDIA_VISIBLE_DEVICES": "all",
@@ -104,33 +134,42 @@ def standin_containerfile(cuda: str, release: str, base: str, toolkit: bool) -> 
     return "\n".join(lines) + "\n"
 
 
-def cuda_standin(m: Matrix, cell: Cell, variant: str) -> str:
-    """localhost/attnkit-cuda-standin:<cuda>-<variant>-<suite>, built once (needs root for the Debian base)."""
+def cuda_standin(m: Matrix, cell: Cell, variant: str, platform: str = "linux/amd64") -> str:
+    """localhost/attnkit-cuda-standin:<cuda>-<variant>-<suite>[-arm64], built once (needs root for the Debian
+    base)."""
     from attnkit.wheels.toolkit import provision_pypi
 
     assert cell.cuda is not None
     suite = suite_for(cell.python)
     release = cuda_release(getattr(m.cuda[cell.cuda].images, variant).image)
-    ref = f"localhost/attnkit-cuda-standin:{cell.cuda}-{variant}-{suite}"
+    ref = f"localhost/attnkit-cuda-standin:{cell.cuda}-{variant}-{suite}{_ref_suffix(platform)}"
     if subprocess.run(["podman", "image", "exists", ref], check=False).returncode == 0:
         return ref
-    base = debian_base(suite)
+    base = debian_base(suite, platform=platform)
     with tempfile.TemporaryDirectory(prefix="attnkit-standin-") as tmp:
         ctx = Path(tmp)
+        if variant == "devel" and platform != "linux/amd64":
+            raise AttnkitError(f"images: a devel stand-in for {platform} is not made here (its toolkit comes from "
+                               "PyPI's wheels for this machine); use nvidia/cuda's devel image")
         if variant == "devel":
             spec = m.cuda[cell.cuda].toolkit_pypi
             tk = provision_pypi(cell.cuda, spec, cache_dir() / "toolkits")
             _copy_toolkit(tk.home, ctx / "cuda")
-        (ctx / "Containerfile").write_text(standin_containerfile(cell.cuda, release, base, variant == "devel"))
-        r = subprocess.run(["podman", "build", "--isolation", "chroot", "-t", ref, "-f", str(ctx / "Containerfile"),
-                            str(ctx)], capture_output=True, text=True, check=False)
+        (ctx / "Containerfile").write_text(standin_containerfile(cell.cuda, release, base, variant == "devel",
+                                                                 platform))
+        r = subprocess.run(["podman", "build", "--isolation", "chroot", "--platform", platform, "-t", ref, "-f",
+                            str(ctx / "Containerfile"), str(ctx)], capture_output=True, text=True, check=False)
         if r.returncode != 0:
             raise AttnkitError(f"images: the CUDA stand-in base failed: {_explain(r.stdout + r.stderr)}")
     return ref
 
 
-def local_base(m: Matrix, cell: Cell, variant: str) -> str:
-    """The base for `cell` made here: Debian for the CPU cell, the nvidia/cuda stand-in for a CUDA cell."""
+def local_base(m: Matrix, cell: Cell, variant: str, platform: str = "linux/amd64") -> str:
+    """The base for `cell` on `platform` made here: Debian for the CPU cell, the nvidia/cuda stand-in for a
+    CUDA cell."""
+    if platform not in cell.platforms:
+        raise AttnkitError(f"--platform: {cell.id} is not published for {platform} (its platforms: "
+                           f"{', '.join(cell.platforms)})")
     if cell.cuda is None:
-        return debian_base(suite_for(cell.python))
-    return cuda_standin(m, cell, variant)
+        return debian_base(suite_for(cell.python), platform=platform)
+    return cuda_standin(m, cell, variant, platform)

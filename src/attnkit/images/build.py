@@ -49,6 +49,7 @@ class ImageReport:
     cache_hits: int = 0
     steps: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
+    platform: str = "linux/amd64"
 
 
 def build_args(cell: Cell, variant: str, base_image: str | None, revision: str) -> dict[str, str]:
@@ -83,7 +84,7 @@ def wheelhouse_labels(house: Path, cell: Cell) -> dict[str, str]:
     held = {canonicalize_name(parse_wheel_filename(w)[0]): w.split("-")[1]  # the version as named, not lower-cased
             for w in json.loads(path.read_text()).get("cell_wheels", [])}
     return {f"{naming.dist_name(p.name).upper()}_VERSION": held.get(canonicalize_name(p.name), "none")
-            for p in cell.packages}
+            for p in cell.packages_on()}
 
 
 def _git_revision(tree: Path) -> str:
@@ -169,20 +170,31 @@ def _explain_failure(output: str, builder: str = "podman") -> str:
 
 def build_image(m: Matrix, cell: Cell, variant: str = "runtime", *, target: str | None = None,
                 base_image: str | None = None, builder: str | None = None, tag: str | None = None,
-                context: Path = Path(), log: Path | None = None) -> ImageReport:
+                context: Path = Path(), log: Path | None = None, platform: str | None = None) -> ImageReport:
     """Build one target of the Dockerfile of attnkit's source tree, over `context` (which holds wheelhouse/ and
-    the files the Dockerfile copies), showing the builder's steps as progress."""
+    the files the Dockerfile copies), for one platform (default: this machine's; another runs under
+    emulation), showing the builder's steps as progress. A local build loads one platform's image; CI's bake
+    pushes the multi-arch manifest."""
+    from attnkit.images.wheelhouse import wheelhouse_platforms
+
     target = target or variant
+    platform = wheelhouse_platforms(cell, (platform,) if platform else ())[0]
     tree = source_tree()
     builder = builder or detect_builder()
-    if not (context / "wheelhouse" / "requirements.txt").is_file():
+    needs_house = target != "os"  # the OS stage (the distro's Python, the user) reads no wheelhouse
+    if needs_house and not (context / "wheelhouse" / "requirements.txt").is_file():
         raise AttnkitError(f"images: {context / 'wheelhouse'} has no requirements.txt; run "
                            f"`attnkit images wheelhouse --cell {cell.id} --out {context / 'wheelhouse'}` first")
+    manifest = context / "wheelhouse" / "manifest.json"
+    served = json.loads(manifest.read_text()).get("platforms", [platform]) if manifest.is_file() else [platform]
+    if needs_house and platform not in served:
+        raise AttnkitError(f"images: {context / 'wheelhouse'} serves {', '.join(served)}, not {platform}; run "
+                           f"`attnkit images wheelhouse --cell {cell.id} --platform {platform}` (or --platform all)")
     args = build_args(cell, variant, base_image, _git_revision(tree))
     args.update(wheelhouse_labels(context / "wheelhouse", cell))
     args["WHEELHOUSE_DIGEST"] = wheelhouse_digest(context / "wheelhouse")
     tag = tag or (cell.image_tags[variant][0] if target == variant else f"localhost/attnkit:{cell.id}-{target}")
-    rep = ImageReport(cell.id, variant, target, builder, tag, args["BASE_IMAGE"])
+    rep = ImageReport(cell.id, variant, target, builder, tag, args["BASE_IMAGE"], platform=platform)
     t0 = time.monotonic()
     if builder == "docker":
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
@@ -191,11 +203,12 @@ def build_image(m: Matrix, cell: Cell, variant: str = "runtime", *, target: str 
             bake["target"][name]["args"] = args
             bake["target"][name]["target"] = target
             bake["target"][name]["tags"] = [tag]
+            bake["target"][name]["platforms"] = [platform]  # --load takes one platform's image
             json.dump(bake, f)
         cmd = ["docker", "buildx", "bake", "-f", str(tree / "docker" / "docker-bake.hcl"), "-f", f.name,
                "--load", "--set", f"{name}.cache-to=", name]
     else:
-        cmd = ["podman", "build", "--isolation", "chroot", "--network", "host", "--layers",
+        cmd = ["podman", "build", "--isolation", "chroot", "--network", "host", "--layers", "--platform", platform,
                "-f", str(tree / "docker" / "Dockerfile"), "--target", target, "-t", tag]
         for k, v in args.items():
             cmd += ["--build-arg", f"{k}={v}"]

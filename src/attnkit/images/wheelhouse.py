@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import platform
 import shutil
 import subprocess
 import sys
@@ -41,29 +42,72 @@ DEVEL_TOOLS = ("setuptools", "wheel", "ninja", "packaging", "psutil")
 BASE_GLIBC = (2, 36)
 
 
-def _platform_args(cell: Cell) -> list[str]:
-    """pip download's view of the image: every manylinux tag its glibc runs (NCCL's wheels are 2_18, torch's
-    2_28, others 2_17 or 2_34), for the cell's CPython."""
-    plats = [f"manylinux_{BASE_GLIBC[0]}_{m}_x86_64" for m in range(BASE_GLIBC[1], 16, -1)]
-    plats += ["manylinux2014_x86_64", "linux_x86_64"]
+def _platform_args(cell: Cell, machine: str) -> list[str]:
+    """pip download's view of the image on one machine: every manylinux tag its glibc runs (NCCL's wheels are
+    2_18, torch's 2_28, others 2_17 or 2_34), for the cell's CPython."""
+    plats = [f"manylinux_{BASE_GLIBC[0]}_{m}_{machine}" for m in range(BASE_GLIBC[1], 16, -1)]
+    plats += [f"manylinux2014_{machine}", f"linux_{machine}"]
     return ["--only-binary=:all:", "--python-version", cell.python, "--implementation", "cp",
             "--abi", naming.cpython_tag(cell.python), *[x for p in plats for x in ("--platform", p)]]
+
+
+def wheelhouse_platforms(cell: Cell, asked: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The platforms a wheelhouse serves: those asked for ('all': every one of the cell's), else this
+    machine's. A multi-platform image (buildx bake `platforms`) needs every one of its platforms' wheels."""
+    if "all" in asked:
+        return cell.platforms
+    want = asked or (naming.machine_platform(platform.machine()),)
+    missing = [p for p in want if p not in cell.platforms]
+    if missing:
+        raise AttnkitError(f"--platform: {cell.id} is not published for {', '.join(missing)} (its platforms: "
+                           f"{', '.join(cell.platforms)}, or all)")
+    return tuple(dict.fromkeys(want))
 
 
 def _pip(args: list[str], what: str) -> None:
     r = subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, check=False)
     if r.returncode != 0:
-        last = [ln for ln in r.stderr.strip().splitlines() if ln.startswith("ERROR")] or r.stderr.strip().splitlines()
-        raise AttnkitError(f"wheelhouse: {what} failed: {(last or ['?'])[-1][:300]}")
+        raise AttnkitError(f"wheelhouse: {what} failed: {_pip_reason(r.stderr)}")
 
 
-def requirements_for(folder: Path) -> str:
-    """`name==version --hash=sha256:...` for every wheel in a folder."""
-    lines = []
+def _pip_reason(stderr: str) -> str:
+    """pip's most telling line: what it could not install, rather than its closing pointer to the docs."""
+    lines = stderr.strip().splitlines()
+    errors = [ln for ln in lines if ln.startswith("ERROR")] or lines or ["?"]
+    return next((ln for ln in errors if "Could not find" in ln or "Cannot install" in ln), errors[-1])[:300]
+
+
+def _machines(whl: Path) -> set[str]:
+    """The machines a wheel installs on: {'any'} for a pure one, else the machines its platform tags name."""
+    plats = {t.platform for t in parse_wheel_filename(whl.name)[3]}
+    if "any" in plats:
+        return {"any"}
+    return {m for m in naming.MACHINES if any(p.endswith(f"_{m}") for p in plats)}
+
+
+def requirements_for(folder: Path, machines: tuple[str, ...] = ()) -> str:
+    """`name==version --hash=sha256:...` per distribution in a folder, with the hash of each of its files. A
+    wheelhouse for several machines holds one file per machine of a binary distribution; a distribution whose
+    files do not serve every one of `machines` (one machine's closure only, or another version there) gets a
+    marker, so pip installs it where it belongs and skips it elsewhere."""
+    groups: dict[tuple[str, str], list[Path]] = {}
     for whl in sorted(folder.glob("*.whl")):
-        name, version, _, _ = parse_wheel_filename(whl.name)
-        sha = hashlib.sha256(whl.read_bytes()).hexdigest()
-        lines.append(f"{name}=={version} --hash=sha256:{sha}")
+        dist, ver, _, _ = parse_wheel_filename(whl.name)
+        groups.setdefault((str(dist), str(ver)), []).append(whl)
+    lines: list[str] = []
+    served_by_name: dict[str, list[set[str]]] = {}
+    for (name, version), files in groups.items():
+        served = set().union(*(_machines(f) for f in files))
+        marker = ""
+        if machines and "any" not in served and not set(machines) <= served:
+            marker = " ; " + " or ".join(f'platform_machine == "{m}"' for m in sorted(served))
+        for other in served_by_name.get(name, []):
+            if "any" in served | other or served & other:
+                raise AttnkitError(f"wheelhouse: {name} has two versions for one machine ({sorted(served | other)}); "
+                                   "its closures disagree, pin it")
+        served_by_name.setdefault(name, []).append(served)
+        hashes = " ".join(f"--hash=sha256:{hashlib.sha256(f.read_bytes()).hexdigest()}" for f in files)
+        lines.append(f"{name}=={version}{marker} {hashes}")
     return "\n".join(lines) + "\n"
 
 
@@ -93,9 +137,13 @@ def cell_wheel(pkg: PackageBuild, wheels: Path | None, test_builds: bool) -> Pat
 
 
 def build_wheelhouse(cell: Cell, out: Path, wheels: Path | None = None, index: str | None = None, *,
-                     test_builds: bool = False, without: tuple[str, ...] = ()) -> dict[str, object]:
-    """Write the wheelhouse for `cell` to `out` (replaced as a whole, never half-written). `without` leaves
-    packages of the cell out (recorded in the manifest: the image is then not the cell's full image)."""
+                     test_builds: bool = False, without: tuple[str, ...] = (),
+                     platforms: tuple[str, ...] = ()) -> dict[str, object]:
+    """Write the wheelhouse for `cell` to `out` (replaced as a whole, never half-written), for `platforms`
+    (wheelhouse_platforms: this machine's unless asked). `without` leaves packages of the cell out (recorded
+    in the manifest: the image is then not the cell's full image)."""
+    platforms = wheelhouse_platforms(cell, platforms)
+    machines = tuple(naming.platform_machine(p) for p in platforms)
     unknown = sorted(set(without) - {p.name for p in cell.packages})
     if unknown:
         raise AttnkitError(f"--without: {', '.join(unknown)} is not built for {cell.id} "
@@ -108,7 +156,7 @@ def build_wheelhouse(cell: Cell, out: Path, wheels: Path | None = None, index: s
     try:
         # the cell's own wheels (flash-attn, xformers): only verified ones, from the wheel pipeline
         picked = []
-        kept = [p for p in cell.packages if p.name not in without]
+        kept = [p for p in cell.packages if p.name not in without and p.platform in platforms]
         for pkg in kept:
             src = cell_wheel(pkg, wheels, test_builds)
             shutil.copyfile(src, stage / src.name)
@@ -121,25 +169,28 @@ def build_wheelhouse(cell: Cell, out: Path, wheels: Path | None = None, index: s
             shutil.copyfile(own, stage / own.name)
         own_version = parse_wheel_filename(own.name)[1]
         reqs = [torch_req, f"nox=={NOX_VERSION}", f"attnkit=={own_version}", "numpy"]
-        reqs += [f"{p.name}=={p.version}" for p in kept]  # their dependencies (einops, ...)
+        reqs += list(dict.fromkeys(f"{p.name}=={p.version}" for p in kept))  # their dependencies (einops, ...)
         reqs += [r for pp in cell.pypi_packages for r in pp.requirements]  # FlashAttention-4: pinned, from PyPI
-        _pip(["download", "-q", "--dest", str(stage), "--extra-index-url", index, "--find-links", str(stage),
-              *_platform_args(cell), *reqs], f"downloading the closure of {', '.join(reqs[:3])}, ...")
-        if cell.cuda is not None:
-            _pip(["download", "-q", "--no-deps", "--dest", str(stage), *_platform_args(cell),
-                  f"nvidia-cudnn-frontend=={CUDNN_FRONTEND_VERSION}"], "downloading nvidia-cudnn-frontend")
-        # pip, run from its wheel by the Dockerfile: kept apart so it is not installed
         (stage / "pip").mkdir()
-        _pip(["download", "-q", "--no-deps", "--dest", str(stage / "pip"), *_platform_args(cell),
+        (stage / "devel").mkdir()
+        for machine in machines:  # each machine's closure into one folder; requirements_for marks what differs
+            _pip(["download", "-q", "--dest", str(stage), "--extra-index-url", index, "--find-links", str(stage),
+                  *_platform_args(cell, machine), *reqs],
+                 f"downloading the closure of {', '.join(reqs[:3])}, ... for {machine} (torch from {index})")
+            if cell.cuda is not None:
+                _pip(["download", "-q", "--no-deps", "--dest", str(stage), *_platform_args(cell, machine),
+                      f"nvidia-cudnn-frontend=={CUDNN_FRONTEND_VERSION}"], f"downloading nvidia-cudnn-frontend for {machine}")
+            _pip(["download", "-q", "--dest", str(stage / "devel"), *_platform_args(cell, machine),
+                  f"pip=={PIP_VERSION}", *DEVEL_TOOLS], f"downloading the devel tools for {machine}")
+        # pip, run from its wheel by the Dockerfile (pure Python, one file for every machine): kept apart so it
+        # is not installed
+        _pip(["download", "-q", "--no-deps", "--dest", str(stage / "pip"), *_platform_args(cell, machines[0]),
               f"pip=={PIP_VERSION}"], "downloading pip")
         pip_whl = next((stage / "pip").glob("pip-*.whl"))
         pip_whl.rename(stage / "pip" / "pip.whl")
-        (stage / "devel").mkdir()
-        _pip(["download", "-q", "--dest", str(stage / "devel"), *_platform_args(cell), f"pip=={PIP_VERSION}",
-              *DEVEL_TOOLS], "downloading the devel tools")
-        (stage / "requirements.txt").write_text(requirements_for(stage))
-        (stage / "devel" / "requirements.txt").write_text(requirements_for(stage / "devel"))
-        manifest = {"cell": cell.id, "torch": torch_req, "torch_index": index, "cell_wheels": picked,
+        (stage / "requirements.txt").write_text(requirements_for(stage, machines))
+        (stage / "devel" / "requirements.txt").write_text(requirements_for(stage / "devel", machines))
+        manifest = {"cell": cell.id, "platforms": list(platforms), "torch": torch_req, "torch_index": index, "cell_wheels": picked,
                     "test_builds": [w for w in picked if w not in {p.wheel for p in kept}], "left_out": list(without),
                     "pypi_packages": [r for pp in cell.pypi_packages for r in pp.requirements],
                     "files": sorted(p.name for p in stage.glob("*.whl")),

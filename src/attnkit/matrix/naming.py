@@ -20,6 +20,7 @@ import re
 from packaging.utils import canonicalize_name
 
 _PLATFORM_MACHINE = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
+MACHINES = tuple(_PLATFORM_MACHINE.values())
 
 
 def _nodot(version: str) -> str:
@@ -215,7 +216,17 @@ def dist_name(package: str) -> str:
 
 
 def platform_machine(platform: str) -> str:
+    """'linux/arm64' (Docker's platform name) -> 'aarch64' (the machine wheel tags and `uname -m` name)."""
     return _PLATFORM_MACHINE[platform]
+
+
+def machine_platform(machine: str) -> str:
+    """'aarch64' (or 'arm64', as macOS and Docker spell it) -> 'linux/arm64'; the inverse of platform_machine."""
+    machine = {"arm64": "aarch64", "amd64": "x86_64"}.get(machine, machine)
+    for platform, m in _PLATFORM_MACHINE.items():
+        if m == machine:
+            return platform
+    raise ValueError(f"machine {machine!r}: attnkit publishes for {', '.join(MACHINES)} only")
 
 
 def wheel_filename(package: str, version: str, *, cuda: str, torch: str, cxx11_abi: bool,

@@ -96,6 +96,9 @@ Registry = Annotated[str, AfterValidator(_registry)]
 Url = Annotated[str, AfterValidator(_url)]
 Variant = Literal["runtime", "devel"]
 VARIANTS: tuple[Variant, ...] = ("runtime", "devel")
+# Docker's platform names (what buildx bake's `platforms` and manifests use); wheels name the machine instead
+# (naming.platform_machine: linux/arm64 -> aarch64).
+Platform = Literal["linux/amd64", "linux/arm64"]
 
 
 def vkey(value: str) -> Version:
@@ -132,6 +135,9 @@ class TorchRelease(_Strict):
     cuda: TorchCuda
     cxx11_abi: bool
     source: str
+    # the machines PyTorch publishes this release's wheels for (CPU, and every CUDA above that has an arch list
+    # for the machine); absent: x86_64 only, what every release has
+    platforms: list[Platform] = Field(default_factory=lambda: list[Platform](["linux/amd64"]), min_length=1)
 
     def all_cuda(self) -> list[str]:
         return [*self.cuda.stable, *self.cuda.experimental]
@@ -153,9 +159,15 @@ class Images(_Strict):
 
 
 class CudaToolkit(_Strict):
-    torch_arch_list: list[ArchEntry] = Field(min_length=1)
+    torch_arch_list: list[ArchEntry] = Field(min_length=1)  # PyTorch's linux/amd64 wheels
+    # PyTorch's linux/arm64 wheels, where read off one; without it no arm64 cell uses this CUDA
+    torch_arch_list_arm64: list[ArchEntry] | None = Field(default=None, min_length=1)
     toolkit_pypi: str
     images: Images
+
+    def arch_list(self, platform: str) -> list[str] | None:
+        """The arch list of PyTorch's wheels of this CUDA for `platform`; None where none is known."""
+        return self.torch_arch_list if platform == "linux/amd64" else self.torch_arch_list_arm64
 
 
 class CpuSection(_Strict):
@@ -251,7 +263,7 @@ class Publish(_Strict):
     registry: Registry
     image: str = Field(pattern=r"^[a-z0-9][a-z0-9._/-]*$")
     wheel_site: Url  # the site root; each key's index is <site>/<key>/simple
-    platforms: list[Literal["linux/amd64", "linux/arm64"]] = Field(min_length=1)
+    platforms: list[Platform] = Field(min_length=1)  # what we publish; a cell gets those its torch and CUDA have
 
 
 class CellSpec(_Strict):
@@ -385,6 +397,7 @@ def problems(m: Matrix) -> list[Problem]:
         parsed = Version(release.version)
         if f"{parsed.major}.{parsed.minor}" != minor:
             out.append((("torch", minor, "version"), f"{release.version} is not a {minor}.x release"))
+        out += _repeats(("torch", minor, "platforms"), release.platforms)
         out += _repeats(("torch", minor, "cuda", "stable"), release.cuda.stable)
         out += _repeats(("torch", minor, "cuda", "experimental"), release.cuda.experimental)
         for i, cuda in enumerate(release.cuda.experimental):
@@ -417,6 +430,7 @@ def problems(m: Matrix) -> list[Problem]:
                             f"must start with {name}=={pp.version} (the package itself, at its version)"))
     for cuda_name, cuda_tk in m.cuda.items():
         out += _repeats(("cuda", cuda_name, "torch_arch_list"), cuda_tk.torch_arch_list)
+        out += _repeats(("cuda", cuda_name, "torch_arch_list_arm64"), cuda_tk.torch_arch_list_arm64 or [])
     out += _repeats(("publish", "platforms"), m.publish.platforms)
     out += _repeats(("build", "python"), m.build.python)
     out += _repeats(("build", "include"), [_rule(s) for s in m.build.include])

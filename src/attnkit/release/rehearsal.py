@@ -20,6 +20,7 @@ import argparse
 import http.server
 import json
 import os
+import platform
 import shlex
 import shutil
 import socket
@@ -326,7 +327,9 @@ def rehearse(work: Path, log: Log, rep: dict[str, Any]) -> None:
         ctx.mkdir()
         for name in ("noxfile.py", "pyproject.toml"):
             shutil.copyfile(tree / name, ctx / name)
-        run(log, attnkit_argv(render("image-wheelhouse", cell=CELL, context=str(ctx), torch_index=torch_index(cell, log))))
+        here = naming.machine_platform(platform.machine())
+        run(log, attnkit_argv(render("image-wheelhouse", cell=CELL, context=str(ctx), platform=here,
+                                     torch_index=torch_index(cell, log))))
         t = phase("image wheelhouse", t)
         run(log, attnkit_argv(render("image-build", cell=CELL, context=str(ctx))), keep=6)
         local = cell.image_tags["runtime"][0]

@@ -47,8 +47,10 @@ STEPS: tuple[Step, ...] = (
     Step("site", ("attnkit", "index", "build", "{wheelhouse}", "--out", "{site}", "--base-url", "{base_url}",
                   "--site-url", "{site_url}"),
          workflow="release.yml", job="publish"),
+    # --platform: `all` in images.yml (its bake pushes every platform of the cell's manifest); the rehearsal, which
+    # builds and smoke-tests one image here, passes this machine's
     Step("image-wheelhouse", ("attnkit", "images", "wheelhouse", "--cell", "{cell}", "--out", "{context}/wheelhouse",
-                              "--index", "{torch_index}"),
+                              "--platform", "{platform}", "--index", "{torch_index}"),
          workflow="images.yml", job="build",
          local_only={"--index": "PyTorch's index (the default) where download.pytorch.org resolves; where it does not "
                                 "(the 2-core machine) PyPI, with the CPU torch from pip's find-links folder"}),

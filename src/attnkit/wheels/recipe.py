@@ -267,6 +267,17 @@ def with_options(spec: BuildSpec, given: list[str]) -> BuildSpec:
     return dataclasses.replace(spec, options=tuple(sorted(out.items())))
 
 
+def _host_platform() -> str:
+    import platform
+
+    from attnkit.matrix import naming
+
+    try:
+        return naming.machine_platform(platform.machine())
+    except ValueError as e:
+        raise AttnkitError(f"wheels: {e}") from None
+
+
 def resolve(m: Matrix, cell: Cell, recipe: Recipe, recipe_path: Path, shared_ok: bool = False) -> BuildSpec:
     """`shared_ok`: a cell whose wheel another cell builds is accepted (a plan lists the same units anywhere)."""
     if cell.cuda is None:
@@ -287,7 +298,11 @@ def resolve(m: Matrix, cell: Cell, recipe: Recipe, recipe_path: Path, shared_ok:
                          toolkit_pypi=m.cuda[cell.cuda].toolkit_pypi, abi=ls.abi, min_torch=ls.min_torch,
                          min_python=ls.min_python)
     pkg = m.packages.get(recipe.name)  # type: ignore[call-overload]
-    build = cell.package(recipe.name)
+    host = _host_platform()
+    if host not in cell.platforms:
+        raise AttnkitError(f"--cell {cell.id}: not published for {host}, this machine (its platforms: "
+                           f"{', '.join(cell.platforms)}); a wheel is built on the machine it is for")
+    build = cell.package(recipe.name, host)  # this machine's wheel: its archs (xformers: torch's for the machine)
     if pkg is None or build is None:
         from attnkit.matrix.expand import package_reasons
 
