@@ -86,11 +86,14 @@ def e2e(session: nox.Session) -> None:
         session.run("apt-get", "update", "-qq", external=True)
         session.run("apt-get", "install", "-y", "-qq", "podman", "buildah", "debootstrap", "runc", "qemu-user-static",
                     "binfmt-support", external=True, env={"DEBIAN_FRONTEND": "noninteractive"})
+    import platform
+
     binfmt = Path("/proc/sys/fs/binfmt_misc")
-    if not (binfmt / "register").exists():  # a container's /proc may lack it: mount it (root)
-        session.run("mount", "-t", "binfmt_misc", "binfmt_misc", str(binfmt), external=True)
-    if not (binfmt / "qemu-aarch64").exists():
-        session.run("update-binfmts", "--enable", "qemu-aarch64", external=True)
+    if platform.machine() != "aarch64":  # the arm64 image test runs arm64 binaries through qemu's handler
+        if not (binfmt / "register").exists():  # a container's /proc may lack it: mount it (root)
+            session.run("mount", "-t", "binfmt_misc", "binfmt_misc", str(binfmt), external=True)
+        if not (binfmt / "qemu-aarch64").exists():
+            session.run("update-binfmts", "--enable", "qemu-aarch64", external=True)
     session.install("-e", ".[test]", TORCH_CUDA, *BUILD_DEPS, UV)
     # the image tests write ~3 GiB of layers; log where (podman's store, asked by attnkit) and the room left
     session.run("python", "-c", "from attnkit.images.build import store_space; "

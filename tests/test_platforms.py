@@ -108,7 +108,7 @@ def test_wheelhouse_platforms_default_to_this_machine_and_all_to_the_cells(matri
     with pytest.raises(AttnkitError, match=r"--platform: torch2.11-cu126-py312 is not published for linux/arm64"):
         wheelhouse.wheelhouse_platforms(cells["torch2.11-cu126-py312"], (ARM,))
     assert naming.machine_platform("arm64") == ARM  # as Docker and macOS spell it
-    with pytest.raises(ValueError, match="x86_64, aarch64"):
+    with pytest.raises(AttnkitError, match="x86_64, aarch64"):
         naming.machine_platform("ppc64le")
 
 
@@ -168,3 +168,15 @@ def test_pip_installs_this_machines_files_from_a_multi_platform_wheelhouse(tmp_p
 def test_find_cell_still_takes_a_platform_free_id(matrix):
     c = find_cell(matrix, "torch2.11-cu130-py312")
     assert c.id == "torch2.11-cu130-py312" and c.platforms == (AMD, ARM)  # one image tag: a multi-arch manifest
+
+
+def test_a_foreign_closure_with_machine_markers_is_detected(tmp_path):
+    """pip download --platform evaluates Requires-Dist markers for THIS interpreter: a foreign machine's wheel
+    that depends on platform_machine is found, so the wheelhouse refuses instead of shipping a wrong closure."""
+    make_wheel(tmp_path, "torch", "2.9.1", "cp311-cp311-manylinux_2_28_aarch64",
+               requires=('nvidia-nccl-cu12==2.27.5; platform_machine == "x86_64"',))
+    make_wheel(tmp_path, "plain", "1.0", "py3-none-any", requires=("numpy",))
+    make_wheel(tmp_path, "hostonly", "1.0", "cp311-cp311-manylinux_2_28_x86_64",
+               requires=('x; platform_machine == "x86_64"',))
+    assert wheelhouse._machine_markers(tmp_path, "aarch64") == ["torch-2.9.1-cp311-cp311-manylinux_2_28_aarch64.whl"]
+    assert wheelhouse._machine_markers(tmp_path, "x86_64") == ["hostonly-1.0-cp311-cp311-manylinux_2_28_x86_64.whl"]

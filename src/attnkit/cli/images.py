@@ -28,17 +28,14 @@ def _cmd_images_wheelhouse(a: argparse.Namespace) -> int:
 
 
 def _cmd_images_build(a: argparse.Namespace) -> int:
-    import platform
-
     from attnkit.images.base import local_base
     from attnkit.images.build import build_image, report_dict
-    from attnkit.matrix import load_matrix, naming
+    from attnkit.matrix import load_matrix
     from attnkit.matrix.expand import find_cell
 
     m = load_matrix(a.file)
     cell = find_cell(m, a.cell)
-    base = local_base(m, cell, a.variant, a.platform or naming.machine_platform(platform.machine())) \
-        if a.local_base else a.base_image
+    base = local_base(m, cell, a.variant, a.platform) if a.local_base else a.base_image
     rep = build_image(m, cell, a.variant, target=a.target, base_image=base, builder=a.builder,
                       context=Path(a.context), platform=a.platform)
     doc = json.dumps(report_dict(rep), indent=1)

@@ -145,12 +145,12 @@ def cuda_standin(m: Matrix, cell: Cell, variant: str, platform: str = "linux/amd
     ref = f"localhost/attnkit-cuda-standin:{cell.cuda}-{variant}-{suite}{_ref_suffix(platform)}"
     if subprocess.run(["podman", "image", "exists", ref], check=False).returncode == 0:
         return ref
+    if variant == "devel" and platform != naming.machine_platform(_host.machine()):
+        raise AttnkitError(f"images: a devel stand-in for {platform} is not made here (its toolkit comes from "
+                           "PyPI's wheels for this machine); use nvidia/cuda's devel image")
     base = debian_base(suite, platform=platform)
     with tempfile.TemporaryDirectory(prefix="attnkit-standin-") as tmp:
         ctx = Path(tmp)
-        if variant == "devel" and platform != "linux/amd64":
-            raise AttnkitError(f"images: a devel stand-in for {platform} is not made here (its toolkit comes from "
-                               "PyPI's wheels for this machine); use nvidia/cuda's devel image")
         if variant == "devel":
             spec = m.cuda[cell.cuda].toolkit_pypi
             tk = provision_pypi(cell.cuda, spec, cache_dir() / "toolkits")
@@ -164,9 +164,10 @@ def cuda_standin(m: Matrix, cell: Cell, variant: str, platform: str = "linux/amd
     return ref
 
 
-def local_base(m: Matrix, cell: Cell, variant: str, platform: str = "linux/amd64") -> str:
-    """The base for `cell` on `platform` made here: Debian for the CPU cell, the nvidia/cuda stand-in for a
-    CUDA cell."""
+def local_base(m: Matrix, cell: Cell, variant: str, platform: str | None = None) -> str:
+    """The base for `cell` on `platform` (default: this machine's) made here: Debian for the CPU cell, the
+    nvidia/cuda stand-in for a CUDA cell."""
+    platform = platform or naming.machine_platform(_host.machine())
     if platform not in cell.platforms:
         raise AttnkitError(f"--platform: {cell.id} is not published for {platform} (its platforms: "
                            f"{', '.join(cell.platforms)})")

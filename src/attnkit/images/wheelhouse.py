@@ -77,6 +77,24 @@ def _pip_reason(stderr: str) -> str:
     return next((ln for ln in errors if "Could not find" in ln or "Cannot install" in ln), errors[-1])[:300]
 
 
+def _machine_markers(folder: Path, machine: str) -> list[str]:
+    """The wheels in `folder` that install on `machine` and whose Requires-Dist depends on platform_machine.
+    pip download --platform filters tags only and evaluates markers against THIS interpreter, so a foreign
+    machine's closure is wrong exactly when such a requirement is in it."""
+    import zipfile
+
+    found = []
+    for whl in sorted(folder.glob("*.whl")):
+        if not _machines(whl) & {machine, "any"}:
+            continue
+        with zipfile.ZipFile(whl) as z:
+            meta = next((n for n in z.namelist() if n.endswith(".dist-info/METADATA")), None)
+            text = z.read(meta).decode("utf-8", "replace") if meta else ""
+        if any(ln.startswith("Requires-Dist:") and "platform_machine" in ln for ln in text.splitlines()):
+            found.append(whl.name)
+    return found
+
+
 def _machines(whl: Path) -> set[str]:
     """The machines a wheel installs on: {'any'} for a pure one, else the machines its platform tags name."""
     plats = {t.platform for t in parse_wheel_filename(whl.name)[3]}
@@ -173,10 +191,16 @@ def build_wheelhouse(cell: Cell, out: Path, wheels: Path | None = None, index: s
         reqs += [r for pp in cell.pypi_packages for r in pp.requirements]  # FlashAttention-4: pinned, from PyPI
         (stage / "pip").mkdir()
         (stage / "devel").mkdir()
+        host = platform.machine()
         for machine in machines:  # each machine's closure into one folder; requirements_for marks what differs
             _pip(["download", "-q", "--dest", str(stage), "--extra-index-url", index, "--find-links", str(stage),
                   *_platform_args(cell, machine), *reqs],
                  f"downloading the closure of {', '.join(reqs[:3])}, ... for {machine} (torch from {index})")
+            marked = _machine_markers(stage, machine) if machine != host else []
+            if marked:
+                raise AttnkitError(f"wheelhouse: {', '.join(marked[:3])} declare platform_machine markers, which pip "
+                                   f"evaluates for this {host} machine, not {machine}: build the {machine} "
+                                   f"wheelhouse on a {machine} machine")
             if cell.cuda is not None:
                 _pip(["download", "-q", "--no-deps", "--dest", str(stage), *_platform_args(cell, machine),
                       f"nvidia-cudnn-frontend=={CUDNN_FRONTEND_VERSION}"], f"downloading nvidia-cudnn-frontend for {machine}")

@@ -7,7 +7,7 @@ holds one PackageBuild per package and platform."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from attnkit.errors import AttnkitError, UsageError
 from attnkit.matrix import naming
@@ -313,7 +313,7 @@ def expand(m: Matrix, f: CellFilter | None = None) -> list[Cell]:
     ]
     if not out:
         asked = ", ".join(f"--{k} {v}" for k, v in vars(f).items() if v is not None)
-        if f.platform is not None and f.platform != m.publish.platforms[0]:
+        if f.platform is not None and expand_or_none(m, replace(f, platform=None)):
             raise AttnkitError(f"{asked}: no such cell is published for {f.platform}: a cell gets it where its torch "
                                f"release lists it (torch.<minor>.platforms) and, for CUDA, where its CUDA has "
                                f"torch_arch_list_arm64 in matrix.yaml")
@@ -327,6 +327,13 @@ def expand(m: Matrix, f: CellFilter | None = None) -> list[Cell]:
         raise AttnkitError(f"{asked}: compatible, but no such cell is built; see build: in matrix.yaml "
                            f"(include adds cells)")
     return out
+
+
+def expand_or_none(m: Matrix, f: CellFilter) -> list[Cell]:
+    try:
+        return expand(m, f)
+    except AttnkitError:
+        return []
 
 
 def find_cell(m: Matrix, cid: str) -> Cell:

@@ -226,7 +226,9 @@ def machine_platform(machine: str) -> str:
     for platform, m in _PLATFORM_MACHINE.items():
         if m == machine:
             return platform
-    raise ValueError(f"machine {machine!r}: attnkit publishes for {', '.join(MACHINES)} only")
+    from attnkit.errors import AttnkitError
+
+    raise AttnkitError(f"machine {machine!r}: attnkit publishes for {', '.join(MACHINES)} only")
 
 
 def wheel_filename(package: str, version: str, *, cuda: str, torch: str, cxx11_abi: bool,

@@ -272,10 +272,7 @@ def _host_platform() -> str:
 
     from attnkit.matrix import naming
 
-    try:
-        return naming.machine_platform(platform.machine())
-    except ValueError as e:
-        raise AttnkitError(f"wheels: {e}") from None
+    return naming.machine_platform(platform.machine())
 
 
 def resolve(m: Matrix, cell: Cell, recipe: Recipe, recipe_path: Path, shared_ok: bool = False) -> BuildSpec:
