@@ -145,7 +145,7 @@ def cuda_standin(m: Matrix, cell: Cell, variant: str, platform: str = "linux/amd
     ref = f"localhost/attnkit-cuda-standin:{cell.cuda}-{variant}-{suite}{_ref_suffix(platform)}"
     if subprocess.run(["podman", "image", "exists", ref], check=False).returncode == 0:
         return ref
-    if variant == "devel" and platform != naming.machine_platform(_host.machine()):
+    if variant == "devel" and platform != naming.host_platform():
         raise AttnkitError(f"images: a devel stand-in for {platform} is not made here (its toolkit comes from "
                            "PyPI's wheels for this machine); use nvidia/cuda's devel image")
     base = debian_base(suite, platform=platform)
@@ -167,7 +167,7 @@ def cuda_standin(m: Matrix, cell: Cell, variant: str, platform: str = "linux/amd
 def local_base(m: Matrix, cell: Cell, variant: str, platform: str | None = None) -> str:
     """The base for `cell` on `platform` (default: this machine's) made here: Debian for the CPU cell, the
     nvidia/cuda stand-in for a CUDA cell."""
-    platform = platform or naming.machine_platform(_host.machine())
+    platform = platform or naming.host_platform()
     if platform not in cell.platforms:
         raise AttnkitError(f"--platform: {cell.id} is not published for {platform} (its platforms: "
                            f"{', '.join(cell.platforms)})")

@@ -56,7 +56,7 @@ def wheelhouse_platforms(cell: Cell, asked: tuple[str, ...] = ()) -> tuple[str, 
     machine's. A multi-platform image (buildx bake `platforms`) needs every one of its platforms' wheels."""
     if "all" in asked:
         return cell.platforms
-    want = asked or (naming.machine_platform(platform.machine()),)
+    want = asked or (naming.host_platform(),)
     missing = [p for p in want if p not in cell.platforms]
     if missing:
         raise AttnkitError(f"--platform: {cell.id} is not published for {', '.join(missing)} (its platforms: "

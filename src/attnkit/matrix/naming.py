@@ -220,6 +220,13 @@ def platform_machine(platform: str) -> str:
     return _PLATFORM_MACHINE[platform]
 
 
+def host_platform() -> str:
+    """This machine's platform ('linux/amd64' on x86_64): what a build here is for unless told otherwise."""
+    import platform
+
+    return machine_platform(platform.machine())
+
+
 def machine_platform(machine: str) -> str:
     """'aarch64' (or 'arm64', as macOS and Docker spell it) -> 'linux/arm64'; the inverse of platform_machine."""
     machine = {"arm64": "aarch64", "amd64": "x86_64"}.get(machine, machine)

@@ -20,7 +20,6 @@ import argparse
 import http.server
 import json
 import os
-import platform
 import shlex
 import shutil
 import socket
@@ -327,7 +326,7 @@ def rehearse(work: Path, log: Log, rep: dict[str, Any]) -> None:
         ctx.mkdir()
         for name in ("noxfile.py", "pyproject.toml"):
             shutil.copyfile(tree / name, ctx / name)
-        here = naming.machine_platform(platform.machine())
+        here = naming.host_platform()
         run(log, attnkit_argv(render("image-wheelhouse", cell=CELL, context=str(ctx), platform=here,
                                      torch_index=torch_index(cell, log))))
         t = phase("image wheelhouse", t)

@@ -267,14 +267,6 @@ def with_options(spec: BuildSpec, given: list[str]) -> BuildSpec:
     return dataclasses.replace(spec, options=tuple(sorted(out.items())))
 
 
-def _host_platform() -> str:
-    import platform
-
-    from attnkit.matrix import naming
-
-    return naming.machine_platform(platform.machine())
-
-
 def resolve(m: Matrix, cell: Cell, recipe: Recipe, recipe_path: Path, shared_ok: bool = False) -> BuildSpec:
     """`shared_ok`: a cell whose wheel another cell builds is accepted (a plan lists the same units anywhere)."""
     if cell.cuda is None:
@@ -295,7 +287,9 @@ def resolve(m: Matrix, cell: Cell, recipe: Recipe, recipe_path: Path, shared_ok:
                          toolkit_pypi=m.cuda[cell.cuda].toolkit_pypi, abi=ls.abi, min_torch=ls.min_torch,
                          min_python=ls.min_python)
     pkg = m.packages.get(recipe.name)  # type: ignore[call-overload]
-    host = _host_platform()
+    from attnkit.matrix import naming
+
+    host = naming.host_platform()
     if host not in cell.platforms:
         raise AttnkitError(f"--cell {cell.id}: not published for {host}, this machine (its platforms: "
                            f"{', '.join(cell.platforms)}); a wheel is built on the machine it is for")
