@@ -19,6 +19,7 @@
 #               processes side by side, the own pick over the whole grid (ORACLE_OWN s), then every backend forced
 #               (ORACLE_FORCED s; 0 leaves it out), merged;
 #             hf: the HF training step eager and compiled (HF_S s); compiled: bench --compiled (COMPILED_S s);
+#             replay: FA4's forward replay, exact and timed (tools/probe-fa4-replay.py, REPLAY_S s);
 #             tune: the plan's JIT kernels (FA4, flex) and the held-out shapes' compiled by 16 CPU shards
 #               (TUNE_COMPILE s), the timed sweep alone on the GPU over what they compiled (TUNE_BUDGET s;
 #               ONLY_COMPILED=0 times the rest too), merged into sm90.json + PNG; --validate against that table
@@ -32,7 +33,7 @@ set -uo pipefail
 S=${ATTNKIT_SESSION_DIR:-/root/attnkit-session}
 OUT=${OUT:-/tmp/out}; R=$S/results; mkdir -p "$OUT" "$R"
 ORACLE_OWN=${ORACLE_OWN:-360}; ORACLE_FORCED=${ORACLE_FORCED:-300}; TUNE_COMPILE=${TUNE_COMPILE:-200}
-TUNE_BUDGET=${TUNE_BUDGET:-300}; VALIDATE_S=${VALIDATE_S:-240}; HF_S=${HF_S:-300}; COMPILED_S=${COMPILED_S:-240}; SHARDS=${SHARDS:-16}
+TUNE_BUDGET=${TUNE_BUDGET:-300}; VALIDATE_S=${VALIDATE_S:-240}; HF_S=${HF_S:-300}; COMPILED_S=${COMPILED_S:-240}; REPLAY_S=${REPLAY_S:-240}; SHARDS=${SHARDS:-16}
 step=${1:-wait}
 
 phase() { echo "$(date +%T) $*" | tee -a "$R/phases.log"; }
@@ -136,6 +137,16 @@ compiled() {
   fi
 }
 
+replay() {
+  # FlashAttention-4's forward replay (runtime/backends/fa4_replay.py): bitwise against FA4's own call on a grid of
+  # forward calls, and timed against FA4 direct and the plain SDPA call (tools/probe-fa4-replay.py)
+  if on "$REPLAY_S" "fa4 replay probe"; then
+  phase "fa4 replay probe"
+  timeout -k 15 "$REPLAY_S" python3 tools/probe-fa4-replay.py "$R/fa4-replay.json" > "$R/fa4-replay.log" 2>&1
+  phase "fa4 replay probe rc=$? ($(grep -c '^exact' "$R/fa4-replay.log") exact, $(grep -c '^timed' "$R/fa4-replay.log") timed)"
+  fi
+}
+
 tune() {
   local i
   if on "$TUNE_BUDGET" tune && on "$TUNE_COMPILE" "tune (its compile phase)"; then
@@ -172,7 +183,7 @@ job() {
   local p
   for p in ${ORDER:-checks hf compiled tune}; do
     [ "$p" = tune ] || table_in_use   # every phase after a sweep runs on its table
-    case $p in checks|hf|compiled|tune) $p ;; *) phase "skipped: unknown phase '$p' in ORDER (checks hf compiled tune)" ;; esac
+    case $p in checks|hf|compiled|tune|replay) $p ;; *) phase "skipped: unknown phase '$p' in ORDER (checks hf compiled tune replay)" ;; esac
   done
   phase "DONE"
 }

@@ -72,6 +72,7 @@ class FlashAttn4(Backend):
                     p.max_seqlen_k if call.varlen else -1, p.scale, call.causal, left, right, p.softcap)
             return lambda q, k, v: op(q, k, v, *args)[0]
         fa = loaders.load_fa4()
+        replay = _replay_runner(call, p)
         kw: dict[str, Any] = {"softmax_scale": p.scale, "causal": call.causal}
         if p.window is not None:
             kw["window_size"] = fa4_window(p.window)
@@ -86,6 +87,31 @@ class FlashAttn4(Backend):
         else:
             fn = fa.flash_attn_func
 
-        def run(q: Any, k: Any, v: Any) -> Any:
-            return output_of(fn(q, k, v, **kw))
-        return run
+        if replay is None:
+            def run(q: Any, k: Any, v: Any) -> Any:
+                return output_of(fn(q, k, v, **kw))
+            return run
+        import torch
+
+        def run_or_replay(q: Any, k: Any, v: Any) -> Any:
+            # autograd needs FA4's own Function (its backward); a call without it skips FA4's host path
+            if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+                return output_of(fn(q, k, v, **kw))
+            return replay(q, k, v)
+        return run_or_replay
+
+
+def _replay_runner(call: AttentionCall, p: Params) -> Runner | None:
+    """The forward through fa4_replay (FA4's host path recorded once, replayed), as FlashAttnFunc would call it."""
+    from attnkit.runtime.backends import fa4_replay
+
+    if not fa4_replay.enabled():
+        return None
+    left, right = fa4_window(p.window) if p.window is not None else (None, None)
+    kw: dict[str, Any] = {"softmax_scale": p.scale, "causal": call.causal, "window_size_left": left,
+                          "window_size_right": right, "softcap": p.softcap if call.softcap else 0.0}
+    if call.varlen:
+        kw.update(cu_seqlens_q=p.cu_seqlens_q, cu_seqlens_k=p.cu_seqlens_k, max_seqlen_q=p.max_seqlen_q,
+                  max_seqlen_k=p.max_seqlen_k)
+    forward = fa4_replay.forward
+    return lambda q, k, v: forward(q, k, v, **kw)[0]

@@ -1,0 +1,298 @@
+"""FlashAttention-4's forward without its Python on every call: one launch recorded per call signature, replayed.
+
+Why: `flash_attn.cute.interface._flash_attn_fwd` (4.0.0b36) runs ~1300 lines of Python before its one kernel
+launch (config heuristics, a compile key, a softcap score_mod re-created and hashed through `inspect.getsource`
+on every call). On the H200 that is ~100-130 us of host time a call (docs/results/2026-12-02-h200-fa4-path-probe.json:
+a windowed decode 130 us back to back, 260 us with a sync, for ~120 us of GPU work), so per call with a sync the
+plain SDPA call beat FA4's faster kernel on prefill and decode (validate 2026-12-02: 0.75-0.80).
+
+How, for one signature (shapes, strides, alignment, dtypes, device, every scalar argument):
+1. record: the first call that compiles nothing runs `_flash_attn_fwd` itself, with every JIT cache of the interface module watched
+   (which compiled functions it calls, with which arguments) and every aten op it runs logged (TorchDispatchMode).
+   A plan exists only if that call launched exactly ONE compiled function, ran no aten op but allocations, detach
+   and views, and passed that function nothing but the call's own tensors (q, k, v, cu_seqlens), the outputs it
+   returned (out, lse: contiguous, allocated fresh) and tensor-free constants. Anything else (split-KV and its
+   combine kernel, scheduler metadata, a clone of a misaligned input, a zero-fill) leaves the signature on FA4's
+   own path for good.
+2. verify: the next call runs both FA4's own path and the plan, and keeps the plan only if the outputs are
+   bitwise equal (the forward kernels are deterministic).
+3. replay: later calls allocate out/lse and call the compiled function directly.
+Calls that need autograd stay on FA4's autograd.Function (the backend decides); under CUDA-graph capture a plan
+is only replayed, never recorded or verified (verification synchronises). `ATTNKIT_FA4_REPLAY=0` turns it off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from attnkit.runtime import loaders
+
+ENV = "ATTNKIT_FA4_REPLAY"
+MAX_PLANS = 512  # signatures kept (LRU); a plan holds no tensor, only the compiled function and constants
+# aten ops FA4's host path may run for a plan to be replayable: allocations, detach, views (no data written)
+_ALLOWED_OPS = frozenset({
+    "empty.memory_format", "empty_strided.default", "detach.default", "alias.default", "view.default",
+    "_unsafe_view.default", "transpose.int", "permute.default", "t.default", "unsqueeze.default",
+    "squeeze.dim", "squeeze.default", "select.int", "slice.Tensor", "as_strided.default", "expand.default",
+    "empty_like.default",
+})
+_SLOTS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "out", "lse")
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1") != "0"
+
+
+@dataclasses.dataclass
+class Plan:
+    """One recorded launch: the compiled function, its arguments as slots (a name in _SLOTS) or constants."""
+
+    fn: Any
+    args: tuple[tuple[str, Any], ...]  # ("slot", name) or ("const", value)
+    out_shape: tuple[int, ...]
+    out_dtype: Any
+    lse_shape: tuple[int, ...] | None
+    verified: bool = False
+
+    def run(self, tensors: dict[str, Any]) -> tuple[Any, Any]:
+        import torch
+
+        q = tensors["q"]
+        tensors["out"] = out = torch.empty(self.out_shape, dtype=self.out_dtype, device=q.device)
+        lse = None
+        if self.lse_shape is not None:
+            tensors["lse"] = lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
+        self.fn(*[tensors[v] if kind == "slot" else v for kind, v in self.args])
+        return out, lse
+
+
+class Refused(Exception):
+    """Why a signature stays on FA4's own path (kept for `stats()`)."""
+
+
+_LOCK = threading.Lock()
+_PLANS: OrderedDict[tuple, Plan | str] = OrderedDict()  # a str: the reason a signature has no plan
+_COMPILES: dict[tuple, int] = {}  # signatures whose recording call compiled, and how often
+STATS = {"replayed": 0, "recorded": 0, "verified": 0, "refused": 0, "own_path": 0}
+
+
+def stats() -> dict[str, Any]:
+    """Counts, and why each refused signature was refused (doctor, the probe)."""
+    with _LOCK:
+        reasons = [v for v in _PLANS.values() if isinstance(v, str)]
+    return {**STATS, "plans": len(_PLANS), "refusals": sorted(set(reasons))[:20]}
+
+
+def clear() -> None:
+    with _LOCK:
+        _PLANS.clear()
+        _COMPILES.clear()
+        for k in STATS:
+            STATS[k] = 0
+
+
+def _sig(t: Any) -> Any:
+    if t is None:
+        return None
+    return (tuple(t.shape), t.stride(), t.dtype, t.device, t.data_ptr() % 16, t.requires_grad)
+
+
+def forward(q: Any, k: Any, v: Any, *, cu_seqlens_q: Any = None, cu_seqlens_k: Any = None,
+            max_seqlen_q: int | None = None, max_seqlen_k: int | None = None, softmax_scale: float,
+            causal: bool, window_size_left: int | None, window_size_right: int | None, softcap: float = 0.0,
+            return_lse: bool = False) -> tuple[Any, Any]:
+    """`_flash_attn_fwd(...)[:2]` (out, lse), through a replayed plan where the signature has one."""
+    kw = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+              max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=causal,
+              window_size_left=window_size_left, window_size_right=window_size_right, softcap=softcap,
+              return_lse=return_lse)
+    if not enabled():
+        return _own(q, k, v, kw)
+    key = (_sig(q), _sig(k), _sig(v), _sig(cu_seqlens_q), _sig(cu_seqlens_k), max_seqlen_q, max_seqlen_k,
+           softmax_scale, causal, window_size_left, window_size_right, softcap, return_lse)
+    plan = _PLANS.get(key)
+    tensors = {"q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k}
+    if type(plan) is Plan and plan.verified:
+        STATS["replayed"] += 1
+        return plan.run(tensors)
+    if isinstance(plan, str) or _capturing(q):
+        STATS["own_path"] += 1
+        return _own(q, k, v, kw)
+    if plan is None:
+        return _record(key, q, k, v, kw, tensors)
+    return _verify(key, plan, q, k, v, kw, tensors)
+
+
+def _own(q: Any, k: Any, v: Any, kw: dict[str, Any]) -> tuple[Any, Any]:
+    loaders.load_fa4()
+    from flash_attn.cute.interface import _flash_attn_fwd
+
+    out, lse, *_ = _flash_attn_fwd(q, k, v, **kw)
+    return out, lse
+
+
+def _capturing(q: Any) -> bool:
+    import torch
+
+    return bool(q.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+def _keep(key: tuple, value: Plan | str) -> None:
+    with _LOCK:
+        _PLANS[key] = value
+        _PLANS.move_to_end(key)
+        while len(_PLANS) > MAX_PLANS:
+            _PLANS.popitem(last=False)
+
+
+def _verify(key: tuple, plan: Plan, q: Any, k: Any, v: Any, kw: dict[str, Any],
+            tensors: dict[str, Any]) -> tuple[Any, Any]:
+    import torch
+
+    out, lse = _own(q, k, v, kw)
+    try:
+        r_out, r_lse = plan.run(dict(tensors))
+        same = torch.equal(out, r_out) and ((lse is None and r_lse is None) or
+                                            (lse is not None and r_lse is not None and torch.equal(lse, r_lse)))
+    except Exception as exc:  # a plan that cannot run is no plan
+        same, why = False, f"replay raised {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+    else:
+        why = "replayed output differs from FlashAttention-4's own call"
+    if same:
+        plan.verified = True
+        STATS["verified"] += 1
+    else:
+        STATS["refused"] += 1
+        _keep(key, why)
+    return out, lse
+
+
+class _Watch:
+    """A JIT cache stand-in for one recording call: lookups delegate; each compiled function it hands out is
+    wrapped to note its call and arguments."""
+
+    def __init__(self, name: str, cache: Any, calls: list, compiled: list) -> None:
+        self._name, self._cache, self._calls, self._compiled = name, cache, calls, compiled
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self._cache
+
+    def __setitem__(self, key: Any, fn: Any) -> None:
+        self._compiled.append(self._name)
+        self._cache[key] = fn
+
+    def __getitem__(self, key: Any) -> Any:
+        fn = self._cache[key]
+        calls, name = self._calls, self._name
+
+        def noted(*args: Any, **kwargs: Any) -> Any:
+            calls.append((name, fn, args, kwargs))
+            return fn(*args, **kwargs)
+        return noted
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._cache, attr)
+
+
+def _jit_owners(interface: Any) -> list[Any]:
+    return [f for f in vars(interface).values() if callable(f) and hasattr(f, "compile_cache")]
+
+
+def _record(key: tuple, q: Any, k: Any, v: Any, kw: dict[str, Any], tensors: dict[str, Any]) -> tuple[Any, Any]:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    loaders.load_fa4()
+    from flash_attn.cute import interface
+
+    ops: set[str] = set()
+
+    class OpLog(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            ops.add(str(func.overloadpacket.__name__) + "." + str(func._overloadname))
+            return func(*args, **(kwargs or {}))
+
+    calls: list = []
+    compiled: list = []
+    with _LOCK:  # one recording at a time: the watched caches are module state
+        owners = _jit_owners(interface)
+        saved = [(f, f.compile_cache) for f in owners]
+        try:
+            for f, cache in saved:
+                f.compile_cache = _Watch(f.__name__, cache, calls, compiled)
+            with OpLog():
+                out, lse, *_ = interface._flash_attn_fwd(q, k, v, **kw)
+        finally:
+            for f, cache in saved:
+                f.compile_cache = cache
+    if compiled:  # a first call compiles (and may run ops of its own): the next call records instead
+        _COMPILES[key] = _COMPILES.get(key, 0) + 1
+        if _COMPILES[key] >= 3:
+            STATS["refused"] += 1
+            _keep(key, "FlashAttention-4 compiled on each of 3 calls")
+        return out, lse
+    STATS["recorded"] += 1
+    try:
+        plan = _plan(calls, ops, {**tensors, "out": out, "lse": lse})
+    except Refused as why:
+        STATS["refused"] += 1
+        _keep(key, str(why))
+    else:
+        _keep(key, plan)
+    return out, lse
+
+
+def _same_tensor(a: Any, b: Any) -> bool:
+    return (a.data_ptr() == b.data_ptr() and tuple(a.shape) == tuple(b.shape) and a.stride() == b.stride()
+            and a.dtype == b.dtype and a.device == b.device)
+
+
+def _tensor_free(x: Any, depth: int = 0) -> bool:
+    import torch
+
+    if depth > 4 or torch.is_tensor(x):
+        return False
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return True
+    if isinstance(x, (tuple, list)):
+        return all(_tensor_free(y, depth + 1) for y in x)
+    if dataclasses.is_dataclass(x):
+        return all(_tensor_free(getattr(x, f.name), depth + 1) for f in dataclasses.fields(x))
+    return not any(torch.is_tensor(y) for y in getattr(x, "__dict__", {}).values())
+
+
+def _plan(calls: list, ops: set[str], tensors: dict[str, Any]) -> Plan:
+    """The plan for one recorded call, or Refused with the reason."""
+    if len(calls) != 1:
+        raise Refused(f"{len(calls)} compiled launches in one call ({', '.join(c[0] for c in calls) or 'none'}): "
+                      "only a single-launch forward is replayed")
+    name, fn, args, kwargs = calls[0]
+    if kwargs:
+        raise Refused(f"{name}: keyword arguments to the compiled function")
+    extra = sorted(ops - _ALLOWED_OPS)
+    if extra:
+        raise Refused(f"FlashAttention-4's host path ran {', '.join(extra[:4])}: only allocations and views are replayed")
+    out, lse = tensors["out"], tensors["lse"]
+    for t, what in ((out, "out"), (lse, "lse")):
+        if t is not None and not t.is_contiguous():
+            raise Refused(f"{what} is not contiguous")
+    slots: list[tuple[str, Any]] = []
+    import torch
+
+    for i, a in enumerate(args):
+        if torch.is_tensor(a):
+            hit = next((s for s in _SLOTS if tensors.get(s) is not None and _same_tensor(a, tensors[s])), None)
+            if hit is None:
+                raise Refused(f"{name}: argument {i} is a tensor FlashAttention-4 derived from the call")
+            slots.append(("slot", hit))
+        elif _tensor_free(a):
+            slots.append(("const", a))
+        else:
+            raise Refused(f"{name}: argument {i} ({type(a).__name__}) holds tensors")
+    if ("slot", "out") not in slots or (lse is not None and ("slot", "lse") not in slots):
+        raise Refused(f"{name}: the kernel does not write the returned out/lse (a split-KV or staged forward)")
+    return Plan(fn=fn, args=tuple(slots), out_shape=tuple(out.shape), out_dtype=out.dtype,
+                lse_shape=None if lse is None else tuple(lse.shape))

@@ -1,0 +1,234 @@
+"""FlashAttention-4's forward replay (runtime/backends/fa4_replay.py) against a stand-in `flash_attn.cute.interface`
+on the CPU: the stand-in has FA4's shape (a `_flash_attn_fwd` whose JIT cache hands out a compiled function, called
+once with q, k, v, out, lse and constants), so these tests check the record / verify / replay protocol and every
+refusal. The real FA4 path is checked on the H200 by tools/probe-fa4-replay.py (bitwise against FA4's own call)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+
+import pytest
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+from attnkit.runtime import loaders
+from attnkit.runtime.backends import fa4_replay
+
+
+@dataclasses.dataclass
+class AuxData:  # FA4 passes one of these (aux tensors, aux scalars) to its kernels
+    tensors: object = None
+    scalars: object = None
+
+
+class Fake:
+    """A stand-in interface module; `mode` picks a behaviour a test wants FA4's host path to have."""
+
+    def __init__(self) -> None:
+        self.mode = "plain"
+        self.host_calls = 0
+        self.launches = 0
+        self.noise = 0.0
+        self.held = torch.ones(1)  # a tensor FA4 would hold across calls (an aux tensor)
+
+    def kernel(self, q, k, v, out, lse, scale, cu_q, cu_k, wl, wr, aux):
+        with _disable_current_modes():  # a CuTe kernel runs no aten op; the stand-in's math must not show as one
+            self.launches += 1
+            g = q.shape[-2] // k.shape[-2]
+            kk, vv = k.repeat_interleave(g, -2), v.repeat_interleave(g, -2)
+            s = torch.einsum("bqhd,bkhd->bhqk", q.float(), kk.float()) * scale
+            out.copy_(torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), vv.float()).to(out.dtype) + self.noise)
+            if lse is not None:
+                lse.copy_(s.logsumexp(-1))
+
+    def make(self):
+        fake = self
+        cache: dict = {}
+
+        def _flash_attn_fwd(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                            max_seqlen_k=None, softmax_scale=None, causal=False, window_size_left=None,
+                            window_size_right=None, softcap=None, return_lse=False):
+            fake.host_calls += 1
+            out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
+            lse = torch.empty(q.shape[0], q.shape[2], q.shape[1]) if return_lse else None
+            key = (tuple(q.shape), q.dtype, causal)
+            if key not in _flash_attn_fwd.compile_cache:
+                _flash_attn_fwd.compile_cache[key] = fake.kernel
+            qq = q.detach()
+            if fake.mode == "derived":
+                qq = fake.other  # a tensor of FA4's own (a staged copy, a workspace), not one the call passed
+            if fake.mode == "zero":
+                out.zero_()
+            args = [qq, k.detach(), v.detach(), out.detach(), lse, softmax_scale, cu_seqlens_q, cu_seqlens_k,
+                    window_size_left, window_size_right, AuxData()]
+            if fake.mode == "tensor_const":
+                args[-1] = AuxData(tensors=fake.held)
+            _flash_attn_fwd.compile_cache[key](*args)
+            if fake.mode == "two":
+                _flash_attn_fwd.compile_cache[key](*args)
+            return out, lse, None, None, None
+
+        _flash_attn_fwd.compile_cache = cache
+        mod = types.ModuleType("flash_attn.cute.interface")
+        mod._flash_attn_fwd = _flash_attn_fwd
+        return mod
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    f = Fake()
+    interface = f.make()
+    cute = types.ModuleType("flash_attn.cute")
+    cute.interface = interface
+    pkg = types.ModuleType("flash_attn")
+    pkg.cute = cute
+    monkeypatch.setitem(sys.modules, "flash_attn", pkg)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute.interface", interface)
+    monkeypatch.setattr(loaders, "FA4_STATE", {"module": cute})
+    monkeypatch.delenv(fa4_replay.ENV, raising=False)
+    fa4_replay.clear()
+    yield f
+    fa4_replay.clear()
+
+
+def _qkv(b=2, sq=5, sk=7, h=4, hk=2, d=8):
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(b, sq, h, d, generator=g), torch.randn(b, sk, hk, d, generator=g),
+            torch.randn(b, sk, hk, d, generator=g))
+
+
+def _fwd(q, k, v, **kw):
+    args = dict(softmax_scale=0.3, causal=False, window_size_left=None, window_size_right=None)
+    args.update(kw)
+    return fa4_replay.forward(q, k, v, **args)
+
+
+def test_compile_then_record_then_verify_then_replay_without_the_host_path(fake):
+    q, k, v = _qkv()
+    outs = [_fwd(q, k, v, return_lse=True) for _ in range(6)]
+    # call 1 compiles (not recorded), 2 records, 3 verifies (FA4's own call and the plan), 4-6 replay
+    assert fake.host_calls == 3
+    assert fake.launches == 7  # 3 host-path launches + the verifying replay + 3 replays
+    s = fa4_replay.stats()
+    assert (s["recorded"], s["verified"], s["replayed"], s["refused"]) == (1, 1, 3, 0)
+    for out, lse in outs[1:]:
+        assert torch.equal(out, outs[0][0]) and torch.equal(lse, outs[0][1])
+    assert outs[-1][0] is not outs[-2][0]  # a fresh output each call, never a shared buffer
+
+
+def test_each_signature_gets_its_own_plan(fake):
+    q, k, v = _qkv()
+    for _ in range(4):
+        _fwd(q, k, v)
+    before = fake.host_calls
+    q2, k2, v2 = _qkv(sq=3)
+    out = [_fwd(q2, k2, v2) for _ in range(4)][-1][0]
+    assert fake.host_calls == before + 3 and out.shape == (2, 3, 4, 8)
+    for _ in range(2):  # a scalar argument is part of the signature too
+        _fwd(q, k, v, softmax_scale=0.5)
+    assert fake.host_calls == before + 5
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # same shape, other strides: not the same signature
+    _fwd(qt, k, v)
+    assert fake.host_calls == before + 6
+
+
+@pytest.mark.parametrize("mode, why", [
+    ("derived", "derived from the call"),
+    ("zero", "ran zero_"),
+    ("two", "2 compiled launches"),
+    ("tensor_const", "holds tensors"),
+])
+def test_a_host_path_doing_more_than_one_plain_launch_is_never_replayed(fake, mode, why):
+    fake.mode = mode
+    q, k, v = _qkv()
+    fake.other = q.clone()
+    for _ in range(5):
+        _fwd(q, k, v)
+    assert fake.host_calls == 5  # every call on FA4's own path
+    s = fa4_replay.stats()
+    assert s["replayed"] == 0 and s["refused"] == 1
+    assert any(why in r for r in s["refusals"]), s["refusals"]
+
+
+def test_a_plan_whose_output_differs_from_fa4s_own_call_is_dropped(fake):
+    q, k, v = _qkv()
+    _fwd(q, k, v)
+    _fwd(q, k, v)  # recorded
+    orig = fake.kernel
+
+    def drifting(*a):  # the replayed launch writes something else than FA4's own call
+        orig(*a)
+        a[3].add_(1.0)
+    # the plan holds the compiled function it recorded: make that one drift
+    plan = next(p for p in fa4_replay._PLANS.values() if isinstance(p, fa4_replay.Plan))
+    plan.fn = drifting
+    for _ in range(3):
+        _fwd(q, k, v)
+    s = fa4_replay.stats()
+    assert s["verified"] == 0 and s["replayed"] == 0 and s["refused"] == 1
+    assert any("differs" in r for r in s["refusals"])
+    assert fake.host_calls == 5
+
+
+def test_switched_off_by_the_environment(fake, monkeypatch):
+    monkeypatch.setenv(fa4_replay.ENV, "0")
+    q, k, v = _qkv()
+    for _ in range(4):
+        _fwd(q, k, v)
+    assert fake.host_calls == 4 and fa4_replay.stats()["plans"] == 0
+
+
+def test_a_compiling_signature_is_refused_after_three_tries(fake, monkeypatch):
+    q, k, v = _qkv()
+    interface = sys.modules["flash_attn.cute.interface"]
+
+    class Forgetful(dict):  # a cache that never keeps what it compiled: every call compiles
+        def __contains__(self, key):
+            return False
+    interface._flash_attn_fwd.compile_cache = Forgetful()
+    for _ in range(5):
+        _fwd(q, k, v)
+    s = fa4_replay.stats()
+    assert fake.host_calls == 5 and s["replayed"] == 0
+    assert any("compiled on each of 3 calls" in r for r in s["refusals"])
+
+
+def test_the_watched_caches_are_restored_even_when_fa4_raises(fake):
+    interface = sys.modules["flash_attn.cute.interface"]
+    cache = interface._flash_attn_fwd.compile_cache
+    q, k, v = _qkv()
+    _fwd(q, k, v)  # compiled
+    fake.mode = "two"
+    orig = fake.kernel
+
+    def boom(*a):
+        raise RuntimeError("kernel failed")
+    cache[next(iter(cache))] = boom
+    with pytest.raises(RuntimeError, match="kernel failed"):
+        _fwd(q, k, v)
+    assert interface._flash_attn_fwd.compile_cache is cache
+    del orig
+
+
+def test_backend_keeps_fa4s_autograd_function_for_calls_that_need_a_backward(fake, monkeypatch):
+    """flash_attn4's eager runner: inputs that require grad go through flash_attn_func (FA4's autograd.Function,
+    its backward); the same call without grad goes through the replay."""
+    from attnkit.runtime.backends.flash_attn4 import FlashAttn4
+    from attnkit.runtime.call import Inputs
+
+    used = []
+    cute = sys.modules["flash_attn.cute"]
+    cute.flash_attn_func = lambda q, k, v, **kw: (used.append("func"), (q.clone(), None))[1]
+    q, k, v = _qkv()
+    inputs = Inputs(q, k, v, softmax_scale=0.3)
+    call = inputs.describe()
+    run = FlashAttn4().bind(call, inputs.params(call), q, k, v)
+    run(q.requires_grad_(), k, v)
+    assert used == ["func"] and fake.host_calls == 0
+    with torch.no_grad():
+        run(q, k, v)
+    run(q.detach(), k, v)
+    assert used == ["func"] and fake.host_calls == 2
