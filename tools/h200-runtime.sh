@@ -30,7 +30,8 @@ for step in $STEPS; do
   case $step in
   install)
     if [ ! -f /root/fa4/.installed ]; then
-      cat /root/fa4/libs.part.00 .fa4b/libs.part.01 > /tmp/libs.tar.xz || exit 1
+      part1=.fa4b/libs.part.01; [ -f "$part1" ] || part1=/root/fa4/libs.part.01   # staged by an earlier call
+      cat /root/fa4/libs.part.00 "$part1" > /tmp/libs.tar.xz || exit 1
       [ "$(sha256sum /tmp/libs.tar.xz | cut -d' ' -f1)" = "$(cat /root/fa4/libs.sha256)" ] || { echo "fa4 libs: sha256 mismatch"; exit 1; }
       tar xJf /tmp/libs.tar.xz -C "$site" && rm /tmp/libs.tar.xz
       python3 -m pip install -q --no-index --no-deps --no-compile /root/fa4/*.whl || exit 1

@@ -2,7 +2,9 @@
 # One H200 session's work as ONE background job, so that the machine's 30 minutes go to GPU work and not to
 # commands waiting on each other (the machine is held while a command runs and kept 30 s after it).
 #   prep      call 1 (carry .fa4a .oracle .whlA): FlashAttention-4's first half and flash-attn's tests file to
-#             /root, pydantic installed
+#             /root, pydantic installed (.whlA may come with `stage` instead)
+#   stage     optional call 2 (carry .fa4b [.whlA]) when the tree is too large for .fa4b and .whl in one call:
+#             the second half to /root/fa4, for `start` to find there
 #   start     call 2 (carry .fa4b .whl): FlashAttention-4 installed (tools/h200-runtime.sh install), the tree's
 #             src/ copied to $S/src, then `job` started under setsid; then as `wait`. TUNE_FROM=FILE resumes
 #             an earlier session's sweep (docs/results/*-h200-tune-*.jsonl); ORACLE_RESUME=FILE an earlier
@@ -199,9 +201,13 @@ case $step in
   prep)
     if [ -e /root/fa4 ] && [ ! -f /root/fa4/libs.sha256 ]; then echo "/root/fa4 is not a fa4-bundle half: left alone"; exit 1; fi
     rm -rf /root/fa4 "$S/ref" && cp -r .fa4a /root/fa4 && mkdir -p "$S/ref" && cp .oracle/test_flash_attn.py "$S/ref/" || exit 1
-    python3 -m pip install -q --no-index --no-deps --no-compile .whlA/*.whl || exit 1
+    if [ -d .whlA ]; then python3 -m pip install -q --no-index --no-deps --no-compile .whlA/*.whl || exit 1; fi
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
     python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name())" ;;
+  stage)   # when the tree and both bundle halves do not fit one call's 64 MiB: .fa4b (+ .whlA) now, .whl with start
+    cp .fa4b/libs.part.01 /root/fa4/ || exit 1
+    if [ -d .whlA ]; then python3 -m pip install -q --no-index --no-deps --no-compile .whlA/*.whl || exit 1; fi
+    ls -la /root/fa4 | tail -3 ;;
   start)
     OUT=$OUT bash tools/h200-runtime.sh install || exit 1
     rm -rf "$S/src" "$R" && mkdir -p "$R" && cp -r src "$S/src"   # a warm machine's earlier run: not this one's
@@ -224,5 +230,5 @@ case $step in
     deadline=$(( $(date +%s) + ${2:-540} ))
     while ! grep -q DONE "$R/phases.log" 2>/dev/null && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
     pack ;;
-  *) echo "unknown step $step (prep | start | wait [S] | job)"; exit 2 ;;
+  *) echo "unknown step $step (prep | stage | start | wait [S] | job)"; exit 2 ;;
 esac
