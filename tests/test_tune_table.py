@@ -883,3 +883,38 @@ def test_a_resumed_sweep_heads_its_cases_and_a_cut_last_line_does_not_swallow_th
     tune._append_line(f, {"shape": {"label": "y"}})
     rows = tune._read_lines(f)
     assert rows == [{"header": True}, {"header": True, "n": 2}, {"shape": {"label": "y"}}]
+
+
+def test_a_forward_refresh_replaces_only_the_forward_pass_of_the_cases_fa4_ran(tmp_path):
+    """FA4's forward replay changed its forward times: `--refresh-fwd` re-times the forward of the cases FA4 ran
+    in, and merge takes that pass from the later line, every candidate's times with it; fwd+bwd stays."""
+    header = {"header": True, "schema": 1, "grid": {}, "shard": "1/1",
+              "environment": {"date": "2026-12-02T00:00:00+00:00", "probe": {"gpus": [
+                  {"name": "NVIDIA H200", "capability": [9, 0]}], "driver": "1", "torch": {"version": "2.11"}}}}
+    cell = "fwd|bfloat16|causal|mha|equal|-|-|-|no"
+    old = _case("a", cell, 128, 30.0, {"sdpa_cudnn": (1.0, 1.0), "flash_attn4": (1.2, 0.9)})
+    old["shape"]["train"] = True
+    old["cell"]["fwdbwd"] = "fwdbwd" + cell[3:]
+    for n, (a, b) in {"sdpa_cudnn": (3.0, 3.0), "flash_attn4": (2.0, 2.0)}.items():
+        old["ms"][f"attnkit:{n}"]["fwdbwd"] = {"sync": a, "b2b": b}
+    other = _case("b", cell, 64, 30.0, {"sdpa_cudnn": (1.0, 1.0)})  # FA4 did not run: nothing to refresh
+    f = tmp_path / "old.jsonl"
+    f.write_text("".join(json.dumps(x) + "\n" for x in [header, old, other]))
+    shapes = tune.refresh_cases([f])
+    assert [(s.label, s.train) for s in shapes] == [("a", False)]
+    new = _case("a", cell, 128, 30.0, {"sdpa_cudnn": (1.0, 1.0), "flash_attn4": (0.8, 0.8)})
+    g = tmp_path / "refresh.jsonl"
+    g.write_text("".join(json.dumps(x) + "\n" for x in [header, new]))
+    before = tune.merge([f])["cells"][cell]
+    after = tune.merge([f, g])
+    assert next(p for p in before if p["head_dim"] == 128)["order"][0] == "sdpa_cudnn"
+    pt = next(p for p in after["cells"][cell] if p["head_dim"] == 128)
+    assert pt["order"][0] == "flash_attn4" and pt["ms"]["flash_attn4"]["sync"] == 0.8
+    assert after["cells"]["fwdbwd" + cell[3:]][0]["order"][0] == "flash_attn4"  # fwd+bwd from the first line
+    assert after["provenance"]["cases"] == 2  # a refreshed case is still one case
+    merged = tune.latest_passes([old, new])
+    assert len(merged) == 1 and merged[0]["ms"]["attnkit:sdpa_cudnn"]["fwdbwd"]["sync"] == 3.0
+    assert old["ms"]["attnkit:flash_attn4"]["fwd"]["sync"] == 1.2  # the record as read is left alone
+    r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", "--refresh-fwd", str(tmp_path / "none.jsonl"),
+                        "--out", str(tmp_path / "o.jsonl")], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip().endswith("no such file (give earlier `attnkit tune --out` files)")

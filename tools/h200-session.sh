@@ -22,6 +22,8 @@
 #               (ORACLE_FORCED s; 0 leaves it out), merged;
 #             hf: the HF training step eager and compiled (HF_S s); compiled: bench --compiled (COMPILED_S s);
 #             replay: FA4's forward replay, exact and timed (tools/probe-fa4-replay.py, REPLAY_S s);
+#             refresh: TUNE_FROM's forward passes that FA4 ran, timed again (compile REFRESH_COMPILE s, timed
+#               REFRESH_BUDGET s) and merged over TUNE_FROM into $R/selection/sm90.json;
 #             tune: the plan's JIT kernels (FA4, flex) and the held-out shapes' compiled by 16 CPU shards
 #               (TUNE_COMPILE s), the timed sweep alone on the GPU over what they compiled (TUNE_BUDGET s;
 #               ONLY_COMPILED=0 times the rest too), merged into sm90.json + PNG; --validate against that table
@@ -35,7 +37,7 @@ set -uo pipefail
 S=${ATTNKIT_SESSION_DIR:-/root/attnkit-session}
 OUT=${OUT:-/tmp/out}; R=$S/results; mkdir -p "$OUT" "$R"
 ORACLE_OWN=${ORACLE_OWN:-360}; ORACLE_FORCED=${ORACLE_FORCED:-300}; TUNE_COMPILE=${TUNE_COMPILE:-200}
-TUNE_BUDGET=${TUNE_BUDGET:-300}; VALIDATE_S=${VALIDATE_S:-240}; HF_S=${HF_S:-300}; COMPILED_S=${COMPILED_S:-240}; REPLAY_S=${REPLAY_S:-240}; SHARDS=${SHARDS:-16}
+TUNE_BUDGET=${TUNE_BUDGET:-300}; VALIDATE_S=${VALIDATE_S:-240}; HF_S=${HF_S:-300}; COMPILED_S=${COMPILED_S:-240}; REPLAY_S=${REPLAY_S:-240}; REFRESH_COMPILE=${REFRESH_COMPILE:-150}; REFRESH_BUDGET=${REFRESH_BUDGET:-280}; SHARDS=${SHARDS:-16}
 step=${1:-wait}
 
 phase() { echo "$(date +%T) $*" | tee -a "$R/phases.log"; }
@@ -139,6 +141,31 @@ compiled() {
   fi
 }
 
+refresh() {
+  # the sweep's forward measurements where FlashAttention-4 ran, timed again with its forward replay (fa4_replay):
+  # compile shards first (--compile-only --refresh-fwd), then the timed run over what they compiled, merged with
+  # TUNE_FROM (a refreshed case's forward pass replaces the old one; its fwd+bwd stays)
+  if [ ! -s "$R/tune.jsonl" ]; then phase "skipped: refresh (no TUNE_FROM)"; return; fi
+  if on "$REFRESH_BUDGET" "fa4 forward refresh" && on "$REFRESH_COMPILE" "fa4 forward refresh (compile)"; then
+  phase "refresh compile"
+  mkdir -p "$R/refresh" "$R/selection"
+  local i pids=()
+  for i in $(seq 1 "$SHARDS"); do
+    TORCHINDUCTOR_COMPILE_THREADS=1 timeout -k 15 "$REFRESH_COMPILE" $ak tune --compile-only --refresh-fwd "$R/tune.jsonl" \
+      --shard "$i/$SHARDS" --out "$R/refresh.jsonl" --resume > "$R/refresh/compile-$i.log" 2>&1 < /dev/null &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  phase "refresh timed"
+  $ak tune --refresh-fwd "$R/tune.jsonl" --out "$R/refresh.jsonl" --resume --budget "$REFRESH_BUDGET" --only-compiled \
+    > "$R/refresh/tune.log" 2>&1
+  phase "refresh rc=$? ($(grep -c '"shape"' "$R/refresh.jsonl" 2>/dev/null) cases)"
+  $ak tune --merge "$R/tune.jsonl" "$R/refresh.jsonl" --table "$R/selection/sm90.json" --png "$R/tune-winners.png" \
+    > "$R/refresh/merge.log" 2>&1
+  phase "refresh merged rc=$?"
+  fi
+}
+
 replay() {
   # FlashAttention-4's forward replay (runtime/backends/fa4_replay.py): bitwise against FA4's own call on a grid of
   # forward calls, and timed against FA4 direct and the plain SDPA call (tools/probe-fa4-replay.py)
@@ -185,7 +212,7 @@ job() {
   local p
   for p in ${ORDER:-checks hf compiled tune}; do
     [ "$p" = tune ] || table_in_use   # every phase after a sweep runs on its table
-    case $p in checks|hf|compiled|tune|replay) $p ;; *) phase "skipped: unknown phase '$p' in ORDER (checks hf compiled tune replay)" ;; esac
+    case $p in checks|hf|compiled|tune|replay|refresh) $p ;; *) phase "skipped: unknown phase '$p' in ORDER (checks hf compiled tune replay refresh)" ;; esac
   done
   phase "DONE"
 }

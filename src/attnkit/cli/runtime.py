@@ -127,10 +127,16 @@ def _cmd_tune(a: argparse.Namespace) -> int:
             print(s.label)
         print(f"{len(mine)} cases", file=sys.stderr)
         return 0
+    missing = next((f for f in a.refresh_fwd or () if not Path(f).is_file()), None)
+    if missing is not None:
+        raise UsageError(f"--refresh-fwd: {missing}: no such file (give earlier `attnkit tune --out` files)")
+    if a.refresh_fwd and a.refine:
+        raise UsageError("--refresh-fwd: not with --refine (it times the given files' cases again, not new ones)")
+    refresh = [Path(f) for f in a.refresh_fwd] if a.refresh_fwd else None
     if a.compile_only:
         skip = Path(a.out) if a.out and a.resume else None  # --out --resume: the cases the timed run still has
         print(json.dumps(tune.compile_only(shard=a.shard or (1, 1), quick=a.quick, max_cases=a.max_cases,
-                                           skip_done=skip)))
+                                           skip_done=skip, refresh=refresh)))
         return 0
     if not a.out:
         raise UsageError("--out: required (the JSON-lines file this shard's results are appended to)")
@@ -142,7 +148,7 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         raise UsageError(f"--out: {out} exists; pass --resume to continue it, or choose a new file")
     res = tune.run(out, shard=a.shard or (1, 1), budget_s=a.budget, quick=a.quick,
                    refine_from=[Path(f) for f in a.refine] if a.refine else None, max_cases=a.max_cases,
-                   only_compiled=a.only_compiled)
+                   only_compiled=a.only_compiled, refresh=refresh)
     print(json.dumps(res))
     return 0
 
@@ -218,6 +224,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     tu.add_argument("--max-cases", type=_positive_int, help="run at most this many cases now")
     tu.add_argument("--quick", action="store_true", help="the small grid (a CPU run of the whole pipeline)")
     tu.add_argument("--refine", nargs="+", metavar="FILE", help="measure midpoints where these results' winners change")
+    tu.add_argument("--refresh-fwd", nargs="+", metavar="FILE", help="time again the forward pass of these results' "
+                    "cases that FlashAttention-4 ran (its forward replay changed it); --merge lets them replace it")
     tu.add_argument("--plan", action="store_true", help="print the planned cases (of --shard) and their count")
     tu.add_argument("--compile-only", action="store_true", help="run each case once, untimed, so JIT kernels are "
                                                                "compiled into their disk caches (shards side by side)")
