@@ -1,3 +1,4 @@
+# ruff: noqa: B023  (each lambda is called by compare() within its own loop iteration)
 """FlashAttention-4's forward replay (runtime/backends/fa4_replay.py) on a GPU: is it exact, and what does it save?
 
 1. exact: a grid of forward calls (dtypes, head dims, GQA/MQA, causal, bottom-right causal, windows, softcap,
@@ -85,50 +86,43 @@ def tensors(b, h, hk, sq, sk, d, dtype, layout="bshd"):
     return q, k, v
 
 
+def compare(label: str, ours, theirs) -> dict:
+    """attention() six times (compile, record, verify, replay...), its last output against FA4's own call."""
+    fa4_replay.clear()
+    row: dict = {"case": label}
+    try:
+        with torch.no_grad():
+            for _ in range(6):
+                out = ours()
+            ref = theirs()
+            ref = ref[0] if isinstance(ref, tuple) else ref
+        torch.cuda.synchronize()
+        row.update(bitwise_equal=bool(torch.equal(out, ref)), max_abs=float((out.float() - ref.float()).abs().max()),
+                   stats=fa4_replay.stats())
+    except Exception as exc:
+        row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    print("exact", json.dumps(row, default=str), flush=True)
+    return row
+
+
 def exact(fa) -> list[dict]:
     rows = []
     for label, b, h, hk, sq, sk, d, dtype, causal, window, softcap, layout in EXACT:
         q, k, v = tensors(b, h, hk, sq, sk, d, dtype, layout)
-        fa4_replay.clear()
-        row = {"case": label}
-        try:
-            with torch.no_grad():
-                for _ in range(6):
-                    out = attnkit.attention(q, k, v, causal=causal, window=window, softcap=softcap,
-                                            backend="flash_attn4")
-                ref = fa.flash_attn_func(q, k, v, **direct_kw(causal, sq, window, softcap, d))
-                ref = ref[0] if isinstance(ref, tuple) else ref
-            torch.cuda.synchronize()
-            row.update(bitwise_equal=bool(torch.equal(out, ref)), max_abs=float((out.float() - ref.float()).abs().max()),
-                       stats=fa4_replay.stats())
-        except Exception as exc:
-            row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-        print("exact", json.dumps(row, default=str), flush=True)
-        rows.append(row)
+        rows.append(compare(label, lambda: attnkit.attention(q, k, v, causal=causal, window=window, softcap=softcap,
+                                                             backend="flash_attn4"),
+                            lambda: fa.flash_attn_func(q, k, v, **direct_kw(causal, sq, window, softcap, d))))
     for label, lengths, h, hk, d, causal in VARLEN:
         total = sum(lengths)
         g = torch.Generator(device=dev).manual_seed(total)
         q = torch.randn(total, h, d, device=dev, dtype=torch.bfloat16, generator=g)
         k, v = (torch.randn(total, hk, d, device=dev, dtype=torch.bfloat16, generator=g) for _ in range(2))
         cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=dev, dtype=torch.int32)
-        fa4_replay.clear()
-        row = {"case": label}
-        try:
-            with torch.no_grad():
-                for _ in range(6):
-                    out = attnkit.attention(q, k, v, causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu,
-                                            max_seqlen_q=max(lengths), max_seqlen_k=max(lengths),
-                                            backend="flash_attn4")
-                ref = fa.flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lengths),
-                                                max_seqlen_k=max(lengths), causal=causal, softmax_scale=d ** -0.5)
-                ref = ref[0] if isinstance(ref, tuple) else ref
-            torch.cuda.synchronize()
-            row.update(bitwise_equal=bool(torch.equal(out, ref)), max_abs=float((out.float() - ref.float()).abs().max()),
-                       stats=fa4_replay.stats())
-        except Exception as exc:
-            row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-        print("exact", json.dumps(row, default=str), flush=True)
-        rows.append(row)
+        m = max(lengths)
+        rows.append(compare(label, lambda: attnkit.attention(q, k, v, causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                                             max_seqlen_q=m, max_seqlen_k=m, backend="flash_attn4"),
+                            lambda: fa.flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=m,
+                                                              max_seqlen_k=m, causal=causal, softmax_scale=d ** -0.5)))
     return rows
 
 
