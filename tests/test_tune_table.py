@@ -750,7 +750,10 @@ def test_the_timed_run_measures_what_compile_only_compiled_first(tmp_path, monke
 
 # -- the packaged table ---------------------------------------------------------------------------------------------
 
-PACKAGED_FROM = Path(__file__).parent.parent / "docs" / "results" / "2026-12-02-h200-tune-session7-157-cases.jsonl"
+_RESULTS = Path(__file__).parent.parent / "docs" / "results"
+# the sweep's sessions: 157 cases, their FA4 forwards timed again with the replay, 106 more cases
+PACKAGED_FROM = [_RESULTS / f"2026-12-02-h200-tune-{n}.jsonl"
+                 for n in ("session7-157-cases", "session8-fwd-refresh-91-cases", "session9-106-cases")]
 
 
 def test_the_packaged_sm90_table_is_the_merge_of_its_sweep_and_carries_its_provenance():
@@ -759,9 +762,9 @@ def test_the_packaged_sm90_table_is_the_merge_of_its_sweep_and_carries_its_prove
 
     text = (resources.files("attnkit") / "data" / "selection" / "sm90.json").read_text(encoding="utf-8")
     packaged = table.validate(json.loads(text), "sm90.json")
-    assert json.loads(json.dumps(tune.merge([PACKAGED_FROM]))) == packaged
+    assert json.loads(json.dumps(tune.merge(PACKAGED_FROM))) == packaged
     prov = packaged["provenance"]
-    assert prov["gpus"] == ["NVIDIA H200"] and prov["torch"].startswith("2.11") and prov["cases"] == 157
+    assert prov["gpus"] == ["NVIDIA H200"] and prov["torch"].startswith("2.11") and prov["cases"] == 263
     assert prov["libraries"]["flash-attn-4"] and prov["driver"] and prov["date"].startswith("2026-12-02")
     assert set(prov["grid"]["dtype"]) == {"bfloat16", "float16", "float32"}
     assert all(set(p["order"]) <= set(REGISTRY) for pts in packaged["cells"].values() for p in pts)
@@ -771,7 +774,7 @@ def test_the_packaged_table_decides_a_call_at_one_of_its_points(monkeypatch):
     monkeypatch.delenv(table.ENV_TABLES, raising=False)
     table.load.cache_clear()
     try:
-        sweep = [json.loads(x) for x in PACKAGED_FROM.read_text().splitlines()]
+        sweep = [json.loads(x) for f in PACKAGED_FROM for x in f.read_text().splitlines()]
         case = next(r for r in sweep if "shape" in r and "fwd" in r.get("cell", {}) and not r["shape"]["lengths"])
         t = table.table_for((9, 0))
         assert t is not None and t["arch"] == "sm90"
