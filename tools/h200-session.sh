@@ -5,7 +5,9 @@
 #             /root, pydantic installed (.whlA may come with `stage` instead)
 #   stage     optional call 2 (carry .fa4b [.whlA]) when the tree is too large for .fa4b and .whl in one call:
 #             the second half to /root/fa4, for `start` to find there
-#   start     call 2 (carry .fa4b .whl): FlashAttention-4 installed (tools/h200-runtime.sh install), the tree's
+#             (a tree over ~22 MB leaves no room for .fa4a's small wheels beside its part: `tools/h200-session.sh
+#             split` moves them to .fa4c, which then travels with `start`, and `start` copies them to /root/fa4)
+#   start     call 2 (carry .fa4b .whl [.fa4c]): FlashAttention-4 installed (tools/h200-runtime.sh install), the tree's
 #             src/ copied to $S/src, then `job` started under setsid; then as `wait`. TUNE_FROM=FILE resumes
 #             an earlier session's sweep (docs/results/*-h200-tune-*.jsonl); ORACLE_RESUME=FILE an earlier
 #             oracle report (the grid's passes run what it left, merged with it); SMOKE_ONLY="--backend ..." the
@@ -235,7 +237,12 @@ case $step in
     cp .fa4b/libs.part.01 /root/fa4/ || exit 1
     if [ -d .whlA ]; then python3 -m pip install -q --no-index --no-deps --no-compile .whlA/*.whl || exit 1; fi
     ls -la /root/fa4 | tail -3 ;;
+  split)   # here, before the session: .fa4a's small wheels to .fa4c (2026-12-02: a 26 MB tree + .fa4a was 66 MiB)
+    mkdir -p .fa4c && { ! ls .fa4a/*.whl > /dev/null 2>&1 || mv .fa4a/*.whl .fa4c/; } || exit 1
+    grep -qx "/.fa4c/" .git/info/exclude 2>/dev/null || echo "/.fa4c/" >> .git/info/exclude
+    du -sh .fa4a .fa4c ;;
   start)
+    if [ -d .fa4c ]; then cp .fa4c/*.whl /root/fa4/ || exit 1; fi   # the small wheels, when `split` moved them
     OUT=$OUT bash tools/h200-runtime.sh install || exit 1
     rm -rf "$S/src" "$R" && mkdir -p "$R" && cp -r src "$S/src"   # a warm machine's earlier run: not this one's
     cp "$OUT/nvidia-smi.txt" "$R/" 2>/dev/null
@@ -257,5 +264,5 @@ case $step in
     deadline=$(( $(date +%s) + ${2:-540} ))
     while ! grep -q DONE "$R/phases.log" 2>/dev/null && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
     pack ;;
-  *) echo "unknown step $step (prep | stage | start | wait [S] | job)"; exit 2 ;;
+  *) echo "unknown step $step (split | prep | stage | start | wait [S] | job)"; exit 2 ;;
 esac
