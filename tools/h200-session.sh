@@ -37,7 +37,8 @@
 set -uo pipefail
 # everything this script writes and removes is under $S (its own folder), or /root/fa4 when that is a bundle half
 S=${ATTNKIT_SESSION_DIR:-/root/attnkit-session}
-OUT=${OUT:-/tmp/out}; R=$S/results; mkdir -p "$OUT" "$R"
+OUT=${OUT:-/tmp/out}; R=$S/results
+[ "${1:-wait}" = split ] || mkdir -p "$OUT" "$R"   # split runs here, before the session: it writes only .fa4c
 ORACLE_OWN=${ORACLE_OWN:-360}; ORACLE_FORCED=${ORACLE_FORCED:-300}; TUNE_COMPILE=${TUNE_COMPILE:-200}
 TUNE_BUDGET=${TUNE_BUDGET:-300}; VALIDATE_S=${VALIDATE_S:-240}; HF_S=${HF_S:-300}; COMPILED_S=${COMPILED_S:-240}; REPLAY_S=${REPLAY_S:-240}; REFRESH_COMPILE=${REFRESH_COMPILE:-150}; REFRESH_BUDGET=${REFRESH_BUDGET:-280}; SHARDS=${SHARDS:-16}
 step=${1:-wait}
