@@ -75,6 +75,8 @@ def test_fake_shapes_dense_and_varlen_without_importing_flash_attn_cute():
         "    v = torch.empty(2, 300, 2, 32, dtype=torch.bfloat16, device='cuda')\n"
         "    out, lse = o.fa4_fwd(q, k, v, None, None, -1, -1, 0.125, True, -1, -1, 0.0)\n"
         "    assert out.shape == (2, 100, 8, 32) and out.dtype == torch.bfloat16 and out.device.type == 'cuda'\n"
+        "    o2 = o.fa4_fwd_infer(q, k, v, None, None, -1, -1, 0.125, True, -1, -1, 0.0)\n"
+        "    assert o2.shape == out.shape and o2.dtype == out.dtype and o2.device == out.device\n"
         "    assert lse.shape == (2, 8, 100) and lse.dtype == torch.float32\n"
         "    qp = torch.empty(700, 8, 64, dtype=torch.float16, device='cuda')\n"
         "    kp = torch.empty(900, 2, 64, dtype=torch.float16, device='cuda')\n"
@@ -150,9 +152,30 @@ def test_the_compile_path_records_fa4_when_it_is_selected(monkeypatch):
         v = torch.empty(2, 4096, 4, 128, dtype=torch.bfloat16, device="cuda")
         gm = make_fx(step)(q, k, v)  # the inputs are this mode's fake CUDA tensors already
     targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
-    assert any("attnkit.fa4_fwd" in t for t in targets), targets
+    # nothing requires grad: the forward without autograd kernel and without log-sum-exp
+    assert any("attnkit.fa4_fwd_infer" in t for t in targets), targets
     assert not any("scaled_dot_product" in t or "masked_fill" in t for t in targets), targets
     assert "flash_attn.cute" not in sys.modules
+
+
+def test_the_traced_call_records_the_autograd_op_only_when_a_gradient_is_needed(monkeypatch):
+    """FlashAttn4.bind under trace: fa4_fwd (with its backward) for a call that requires grad, fa4_fwd_infer for
+    one that does not (a graph's requires_grad is part of dynamo's guards: the two never share a graph)."""
+    from types import SimpleNamespace
+
+    from attnkit.runtime.backends.flash_attn4 import FlashAttn4
+    from attnkit.runtime.call import Inputs
+
+    seen = []
+    fake_ops = SimpleNamespace(fa4_fwd=lambda *a: seen.append("fa4_fwd") or ("out", "lse"),
+                               fa4_fwd_infer=lambda *a: seen.append("fa4_fwd_infer") or "out")
+    monkeypatch.setattr(fa4_ops, "ops", lambda: fake_ops)
+    for grad in (False, True):
+        q = torch.randn(1, 8, 2, 16, requires_grad=grad)
+        call, params = Inputs(q, q, q, causal=True).prepare("compile")
+        assert call.requires_grad is grad
+        assert FlashAttn4().bind(call, params, q, q, q)(q, q, q) == "out"
+    assert seen == ["fa4_fwd_infer", "fa4_fwd"]
 
 
 def test_compiled_forward_and_backward_run_the_ops_directly(cpu_kernels):

@@ -374,21 +374,34 @@ def test_the_plan_covers_every_cell_and_every_level_and_any_prefix_is_balanced()
     cells = tune._cells(tune.FEATURES)
     basic = [c for c in cells if tune.basic(c)]
     assert 0 < len(basic) < len(cells)
-    assert len(cases) == tune.BASIC_POINTS * len(basic) + tune.POINTS_PER_CELL * (len(cells) - len(basic))
     key = lambda s: (s.dtype, *s.label.split("|")[1:6])  # noqa: E731
     # stage 1: every basic cell at the common head dims, in training where its query shape trains
     head = cases[:2 * len(basic)]
     assert {(k, s.head_dim) for s in head for k in [tuple(s.label.split("|")[:6])]} == {
         (tuple(map(str, c)), d) for c in basic for d in tune.COMMON_HEAD_DIMS}
     assert all(s.train == ("|decode|" not in s.label and "|few|" not in s.label) for s in head)
+    # stage 1b: the basic half-precision cells at the common head dims, every DENSE_WORK_LOG2 level, the points
+    # stage 1 measured already left out (each label once in the plan)
+    half = [c for c in basic if c[0] in tune.HALF]
+    lattice = {(tuple(map(str, c)), d, f"w{w}") for c in half for d in tune.COMMON_HEAD_DIMS for w in tune.DENSE_WORK_LOG2}
+    n_dense = len(lattice - {(tuple(s.label.split("|")[:6]), s.head_dim, s.label.split("|")[7]) for s in head})
+    dense = cases[2 * len(basic):2 * len(basic) + n_dense]
+    assert 0 < n_dense < len(lattice) and all(
+        (tuple(s.label.split("|")[:6]), s.head_dim, s.label.split("|")[7]) in lattice for s in dense)
+    levels = [tune.DENSE_WORK_LOG2.index(int(s.label.split("|")[7][1:])) for s in dense]
+    assert levels == sorted(levels) and levels[0] == 0  # level by level, the middle of the range first
+    assert all(s.train == ("|decode|" not in s.label and "|few|" not in s.label) for s in dense)
+    assert len(cases) == (tune.BASIC_POINTS * len(basic) + tune.POINTS_PER_CELL * (len(cells) - len(basic))
+                          + n_dense)
     # stage 2: every other cell once
-    second = cases[2 * len(basic):len(basic) + len(cells)]
+    second = cases[2 * len(basic) + n_dense:len(basic) + len(cells) + n_dense]
     assert len({key(s) for s in second}) == len(cells) - len(basic)
     assert not {key(s) for s in second} & {key(s) for s in head}
-    first = {tuple(s.label.split("|")[:6]) for s in cases[:len(basic) + len(cells)]}
+    first = {tuple(s.label.split("|")[:6]) for s in cases[:len(basic) + len(cells) + n_dense]}
     assert len(first) == len(cells)  # the first two stages measure every cell
     assert {s.head_dim for s in cases} == set(tune.HEAD_DIMS)
-    assert {s.label.split("|")[7] for s in cases} == {f"w{w}" for w in tune.WORK_LOG2}
+    assert {s.label.split("|")[7] for s in cases} == {f"w{w}" for w in (*tune.WORK_LOG2, *tune.DENSE_WORK_LOG2)}
+    assert {s.label.split("|")[7] for s in cases if s not in dense} == {f"w{w}" for w in tune.WORK_LOG2}
     assert len({s.label for s in cases}) == len(cases)
     for s in cases[:200]:
         assert (s.seqlen_q == 1) == ("|decode|" in s.label) and s.heads % s.kv_heads == 0

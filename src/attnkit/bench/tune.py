@@ -54,6 +54,7 @@ WORK_LOG2 = (27, 31, 35, 39)  # total work from tiny (tens of us) to huge (tens 
 POINTS_PER_CELL = 2
 BASIC_POINTS = 6  # points of a basic cell (`basic`): the first two at COMMON_HEAD_DIMS
 COMMON_HEAD_DIMS = (128, 64)  # the head dims of most models (Llama, Mistral, Qwen, Gemma-2B/7B: 128; GPT-2, BERT, ViT: 64)
+DENSE_WORK_LOG2 = (35, 33, 37, 31, 29)  # `dense`: where training and prefill calls sit (32 heads, D128, batch 1: 2^32 at S1k, 2^38 at S8k)
 PRUNE = 3.0  # a backend 3x slower than the fastest in its first calls is not timed further (bench_shape's prune)
 FEATURES: dict[str, tuple[Any, ...]] = {"head_dim": HEAD_DIMS, "dtype": DTYPES, "causal": (True, False), "kv": tuple(KV),
             "query_shape": QUERY_SHAPES, "extra": EXTRAS, "varlen": VARLEN, "log2_work": WORK_LOG2,
@@ -141,11 +142,29 @@ def basic(cell: tuple[Any, ...]) -> bool:
     return cell[4] == "-" and cell[5] == "no"
 
 
+def dense(cells: list[tuple[Any, ...]], order: list[int], train_ok: bool) -> list[Shape]:
+    """The basic half-precision cells at COMMON_HEAD_DIMS on a lattice 4x apart in work (DENSE_WORK_LOG2) where
+    the grid steps 16x: the lookup's "near" reaches 4x (runtime/table.py), so between two grid levels a winner
+    that changes was decided by a point up to 8x off, or by another cell's. On 2026-12-02 (validate, 263 cases)
+    MQA training at S2048 D64, where FA4 is 1.18x faster, was decided by SDPA's point of the GQA cell at 2^35:
+    MQA's own points sat at 2^31 (SDPA) and 2^39 (FA4). float32 is left out: it trains small models only.
+    Ordered level by level (the middle of real models' range first), each level's cells in `order`."""
+    out = []
+    for lw in DENSE_WORK_LOG2:
+        for hd in COMMON_HEAD_DIMS:
+            for i in order:
+                c = cells[i]
+                if basic(c) and c[0] in HALF:
+                    out.append(shape_for(c, hd, float(lw), train_ok and c[3] not in ("decode", "few"), seed=i))
+    return out
+
+
 def plan(grid: dict[str, tuple[Any, ...]] | None = None, points: int | None = None) -> list[Shape]:
     """The fractional design, in stages whose every prefix is balanced over the stage's cells: the basic cells'
-    first two points (head dims COMMON_HEAD_DIMS, the ones most models use), then every other cell's first point,
-    then the rest. A session measures about 70 cases (2026-12-02): the first one measures the calls most models
-    make, at their head dims, before the features few of them use."""
+    first two points (head dims COMMON_HEAD_DIMS, the ones most models use), then those cells in half precision
+    at the common head dims on a finer lattice in work (`dense`), then every other cell's first point, then the
+    rest. A session measures about 100 cases (2026-12-02): the first ones measure the calls most models make, at
+    their head dims, before the features few of them use."""
     grid = grid or FEATURES
     quick = grid is QUICK
     cells = _cells(grid)
@@ -176,7 +195,12 @@ def plan(grid: dict[str, tuple[Any, ...]] | None = None, points: int | None = No
                                                    if (b, k) != (True, 1)]
     for want_basic, k in stages:
         out += [per_cell[i][k] for i in order if k < len(per_cell[i]) and basic(cells[i]) == want_basic]
-    return out
+        if (want_basic, k) == (True, 1) and not quick and points is None:
+            out += dense(cells, order, train_ok)
+    first: dict[str, Shape] = {}
+    for s in out:  # a lattice point the grid has already: measured once, where it first comes
+        first.setdefault(s.label, s)
+    return list(first.values())
 
 
 def refine(results: list[dict[str, Any]], grid: dict[str, tuple[Any, ...]] | None = None) -> list[Shape]:

@@ -6,11 +6,17 @@ therefore ruled FA4 out, and a compiled model ran cuDNN with masks built in the 
 speed on a sliding window, 0.62 on chunked prefill; docs/results/2026-12-01-h200-compile-before-ops.json,
 measured from outside the project).
 
-Two ops, forward and backward, wired together with `register_autograd` (defined through torch.library.Library:
-ops() says why not `custom_op`):
+Three ops (defined through torch.library.Library: ops() says why not `custom_op`):
 - `attnkit::fa4_fwd(q, k, v, cu_seqlens_q?, cu_seqlens_k?, max_seqlen_q, max_seqlen_k, scale, causal,
   window_left, window_right, softcap) -> (out, lse)`; window -1 = unbounded, max_seqlen -1 = not varlen.
-- `attnkit::fa4_bwd(dout, q, k, v, out, lse, ..., deterministic) -> (dq, dk, dv)`.
+- `attnkit::fa4_bwd(dout, q, k, v, out, lse, ..., deterministic) -> (dq, dk, dv)`, fa4_fwd's backward
+  (`register_autograd`).
+- `attnkit::fa4_fwd_infer(q, k, v, ...) -> out`: the forward of a graph that needs no gradient (inference, or
+  the no_grad parts of a step). It has no autograd kernel: a `register_autograd` kernel is Python that runs on
+  every call, needed or not (~30 us of host time a forward on the H200, 2026-12-02 profile of a compiled
+  window-1024 call), and it writes no log-sum-exp (one allocation fewer), as FA4's own eager call without
+  autograd does. The runtime records it only for calls traced without grad (FlashAttn4.bind); a graph whose
+  inputs require grad is another graph to dynamo (its guards), recorded with fa4_fwd.
 Their fake implementations give FA4's output and log-sum-exp shapes (lse: (batch, heads, seqlen_q) float32, or
 (heads, total_q) for varlen: `_flash_attn_fwd`'s own allocation) without importing `flash_attn.cute` (4-5 s):
 the real module loads only when a real call runs. dynamo records the ops, AOTAutograd keeps the backward op,
@@ -29,6 +35,7 @@ NS = "attnkit"
 _ARGS = ("Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, float softmax_scale, "
          "bool causal, int window_left, int window_right, float softcap")
 FWD_SCHEMA = f"(Tensor q, Tensor k, Tensor v, {_ARGS}) -> (Tensor, Tensor)"
+INFER_SCHEMA = f"(Tensor q, Tensor k, Tensor v, {_ARGS}) -> Tensor"
 BWD_SCHEMA = (f"(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, {_ARGS}, bool deterministic) "
               "-> (Tensor, Tensor, Tensor)")
 
@@ -57,6 +64,7 @@ def ops() -> Any:
     _LIB.append(lib)
     lib.define(f"fa4_fwd{FWD_SCHEMA}")
     lib.define(f"fa4_bwd{BWD_SCHEMA}")
+    lib.define(f"fa4_fwd_infer{INFER_SCHEMA}")
 
     def fa4_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
                 max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
@@ -69,6 +77,18 @@ def ops() -> Any:
             max_seqlen_q=max_seqlen_q if varlen else None, max_seqlen_k=max_seqlen_k if varlen else None,
             softmax_scale=softmax_scale, causal=causal, softcap=softcap,  # as FlashAttnFunc passes it (0.0 = off)
             window_size_left=_window(window_left), window_size_right=_window(window_right), return_lse=True)
+
+    def fa4_fwd_infer(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
+                      max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
+                      window_right: int, softcap: float) -> Tensor:
+        from attnkit.runtime.backends.fa4_replay import forward
+
+        varlen = cu_seqlens_q is not None
+        return forward(
+            q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+            max_seqlen_q=max_seqlen_q if varlen else None, max_seqlen_k=max_seqlen_k if varlen else None,
+            softmax_scale=softmax_scale, causal=causal, softcap=softcap,
+            window_size_left=_window(window_left), window_size_right=_window(window_right))[0]
 
     def fa4_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Tensor | None,
                 cu_seqlens_k: Tensor | None, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
@@ -88,6 +108,7 @@ def ops() -> Any:
 
     lib.impl("fa4_fwd", fa4_fwd, "CUDA")
     lib.impl("fa4_bwd", fa4_bwd, "CUDA")
+    lib.impl("fa4_fwd_infer", fa4_fwd_infer, "CUDA")
 
     def fwd_fake(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
                  *_: Any) -> tuple[Tensor, Tensor]:
@@ -98,6 +119,8 @@ def ops() -> Any:
 
     torch.library.register_fake(f"{NS}::fa4_fwd", fwd_fake, lib=lib)
     torch.library.register_fake(f"{NS}::fa4_bwd", bwd_fake, lib=lib)
+    torch.library.register_fake(f"{NS}::fa4_fwd_infer",
+                                lambda q, k, v, cu_q, *_: fake_outputs(q, v, cu_q is not None)[0], lib=lib)
 
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, Any]) -> None:
         q, k, v, cu_q, cu_k, mq, mk, scale, causal, wl, wr, cap = inputs

@@ -66,10 +66,13 @@ class FlashAttn4(Backend):
         if call.trace == "compile":  # recorded as attnkit::fa4_fwd / fa4_bwd: nothing imported while tracing
             from attnkit.runtime.backends.fa4_ops import ops
 
-            op = ops().fa4_fwd
             left, right = p.window or (-1, -1)
             args = (p.cu_seqlens_q, p.cu_seqlens_k, p.max_seqlen_q if call.varlen else -1,
                     p.max_seqlen_k if call.varlen else -1, p.scale, call.causal, left, right, p.softcap)
+            if not call.requires_grad:  # no autograd kernel, no log-sum-exp (fa4_ops says what that saves)
+                infer = ops().fa4_fwd_infer
+                return lambda q, k, v: infer(q, k, v, *args)
+            op = ops().fa4_fwd
             return lambda q, k, v: op(q, k, v, *args)[0]
         fa = loaders.load_fa4()
         replay = _replay_runner(call, p)
