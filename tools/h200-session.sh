@@ -24,8 +24,9 @@
 #               (ORACLE_FORCED s; 0 leaves it out), merged;
 #             hf: the HF training step eager and compiled (HF_S s); compiled: bench --compiled (COMPILED_S s);
 #             replay: FA4's forward replay, exact and timed (tools/probe-fa4-replay.py, REPLAY_S s);
-#             refresh: TUNE_FROM's forward passes that FA4 ran, timed again (compile REFRESH_COMPILE s, timed
-#               REFRESH_BUDGET s) and merged over TUNE_FROM into $R/selection/sm90.json;
+#             refresh: TUNE_FROM's forward passes that FA4 ran (REFRESH_FROM's only, when set), timed again
+#               (compile REFRESH_COMPILE s, timed REFRESH_BUDGET s) and merged over TUNE_FROM into
+#               $R/selection/sm90.json;
 #             tune: the plan's JIT kernels (FA4, flex) and the held-out shapes' compiled by 16 CPU shards
 #               (TUNE_COMPILE s), the timed sweep alone on the GPU over what they compiled (TUNE_BUDGET s;
 #               ONLY_COMPILED=0 times the rest too), merged into sm90.json + PNG; --validate against that table
@@ -148,19 +149,22 @@ refresh() {
   # the sweep's forward measurements where FlashAttention-4 ran, timed again with its forward replay (fa4_replay):
   # compile shards first (--compile-only --refresh-fwd), then the timed run over what they compiled, merged with
   # TUNE_FROM (a refreshed case's forward pass replaces the old one; its fwd+bwd stays)
+  # REFRESH_FROM=<tune lines in the tree>: only those cases' forwards (copied by `start`), merged over TUNE_FROM
+  local from=$R/tune.jsonl
+  [ -n "${REFRESH_FROM:-}" ] && from=$R/refresh-from.jsonl
   if [ ! -s "$R/tune.jsonl" ]; then phase "skipped: refresh (no TUNE_FROM)"; return; fi
   if on "$REFRESH_BUDGET" "fa4 forward refresh" && on "$REFRESH_COMPILE" "fa4 forward refresh (compile)"; then
   phase "refresh compile"
   mkdir -p "$R/refresh" "$R/selection"
   local i pids=()
   for i in $(seq 1 "$SHARDS"); do
-    TORCHINDUCTOR_COMPILE_THREADS=1 timeout -k 15 "$REFRESH_COMPILE" $ak tune --compile-only --refresh-fwd "$R/tune.jsonl" \
+    TORCHINDUCTOR_COMPILE_THREADS=1 timeout -k 15 "$REFRESH_COMPILE" $ak tune --compile-only --refresh-fwd "$from" \
       --shard "$i/$SHARDS" --out "$R/refresh.jsonl" --resume > "$R/refresh/compile-$i.log" 2>&1 < /dev/null &
     pids+=($!)
   done
   wait "${pids[@]}"
   phase "refresh timed"
-  $ak tune --refresh-fwd "$R/tune.jsonl" --out "$R/refresh.jsonl" --resume --budget "$REFRESH_BUDGET" --only-compiled \
+  $ak tune --refresh-fwd "$from" --out "$R/refresh.jsonl" --resume --budget "$REFRESH_BUDGET" --only-compiled \
     > "$R/refresh/tune.log" 2>&1
   phase "refresh rc=$? ($(grep -c '"shape"' "$R/refresh.jsonl" 2>/dev/null) cases)"
   $ak tune --merge "$R/tune.jsonl" "$R/refresh.jsonl" --table "$R/selection/sm90.json" --png "$R/tune-winners.png" \
@@ -257,6 +261,7 @@ case $step in
       for f in $TUNE_FROM; do cat "$f" >> "$R/tune.jsonl" || exit 1; [ -z "$(tail -c1 "$f")" ] || echo >> "$R/tune.jsonl"; done
     fi
     if [ -n "${ORACLE_RESUME:-}" ]; then cp "$ORACLE_RESUME" "$R/oracle-earlier.json" || exit 1; fi
+    if [ -n "${REFRESH_FROM:-}" ]; then cp "$REFRESH_FROM" "$R/refresh-from.jsonl" || exit 1; fi
     setsid nohup bash "$0" job > "$R/job.log" 2>&1 < /dev/null &
     sleep 2; bash "$0" wait "${2:-480}" ;;
   job) job ;;
