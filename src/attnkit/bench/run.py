@@ -118,6 +118,7 @@ def bench_shape(s: Shape, device: str, iters: int = 15, rounds: int = 5, backend
                 out["ms"].setdefault(n, {})[ps] = {"sync": sync[n] * 1e3, "b2b": b2b[n] * 1e3}
         out.setdefault("b2b_calls", {})[ps] = calls
     out["selected"] = out["selected_by_pass"][passes[-1]]
+    out["jit_warmed"] = bool(prune)  # the sweep's JIT backends warmed twice before pruning (tune.cold_pruned)
     out["head_dim"] = s.head_dim
     out["log2_work"] = round(table.log2_work(call), 3)
     flops = attn_flops(s.batch, s.heads, s.seqlen_q, s.seqlen_k, s.head_dim, s.causal)

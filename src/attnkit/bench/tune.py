@@ -633,9 +633,20 @@ def _cross_check(files: list[Path], full: dict[str, Any], rules: dict[str, Rule 
                       for name, rule in rules.items()}}
 
 
+def cold_pruned(r: dict[str, Any], ps: str) -> bool:
+    """A forward pass recorded before bench_shape warmed JIT backends twice ("jit_warmed"), where FA4 was pruned:
+    it was judged on its replay's record and check calls (fa4_replay), not on its speed (2026-12-03: 45 of the 454
+    cases' forwards, pruned at 0.23-18 ms where the replayed kernel runs in tens of us). Such a pass measured
+    FA4 not at all, so it decides nothing (`_times`): the cell's other points and its neighbours do."""
+    return (ps == "fwd" and not r.get("jit_warmed")
+            and bool(r.get("ms", {}).get(f"attnkit:{REFRESHED_BY}", {}).get(ps, {}).get("pruned")))
+
+
 def _times(r: dict[str, Any], ps: str) -> dict[str, dict[str, float]]:
-    """A case's correct forced backends and their (sync, b2b) times for one pass."""
+    """A case's correct forced backends and their (sync, b2b) times for one pass (none for a `cold_pruned` one)."""
     p = "attnkit:"
+    if cold_pruned(r, ps):
+        return {}
     return {n[len(p):]: v[ps] for n, v in r["ms"].items() if n.startswith(p) and ps in v
             and n not in r.get("wrong", {}) and all(_positive(v[ps].get(m)) for m in ("sync", "b2b"))}
 

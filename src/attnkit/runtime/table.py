@@ -30,7 +30,9 @@ and back to back): the hand-written rows alone 0.851 / 0.824; own cell and sibli
 plus the other kv sharing 0.905 / 0.888 (far 4x: 0.908 / 0.891); plus the other causality, far 4x, 0.914 / 0.899.
 A point 8x away stood for calls where the winner had changed (FA4 at 2^39 work, SDPA at 2^31). On 263 cases with
 FA4's forwards timed again after its replay (docs/results/2026-12-02-h200-tune-cross-check-263-cases.json, 425
-calls) this rule is still the best of the seven: 0.845 / 0.817, against 0.824 / 0.790 for the rows alone.
+calls) this rule is still the best of the seven: 0.845 / 0.817, against 0.824 / 0.790 for the rows alone; on
+454 cases (docs/results/2026-12-03-h200-tune-cross-check-454-cases.json, 687 calls) 0.912 / 0.899 against 0.852 /
+0.824, still the best.
 """
 
 from __future__ import annotations
