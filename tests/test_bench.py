@@ -148,3 +148,11 @@ def test_host_profile_names_where_a_calls_host_time_goes():
     prof = compiled.host_profile(slow_python, "cpu", calls=5, top=3)
     assert prof["us_per_call"] > 0 and len(prof["top_own_us"]) == 3
     assert any("slow_python" in name or "genexpr" in name for name in prof["top_own_us"])
+
+
+@pytest.mark.parametrize(("name", "jit"), [("attnkit:flash_attn4", True), ("flash_attn4", True), ("attnkit:flex", True),
+                                           ("attnkit:sdpa", False), (candidates.PLAIN, False), (candidates.AUTO, False),
+                                           ("attnkit:no_such_backend", False)])
+def test_compiles_names_the_jit_candidates_by_their_backend(name, jit):
+    # the sweep warms these twice before pruning (bench/run.py) and compiles only these in its CPU shards (tune.py)
+    assert candidates.compiles(name) is jit

@@ -16,6 +16,15 @@ LIBRARIES = ("flash_attn4", "flash_attn2", "xformers", "flex")  # library functi
 MATH_MAX_SCORES = 1 << 26  # sdpa_math materialises B*H*Sq*Sk scores: bench it only where that is small
 
 
+def compiles(name: str) -> bool:
+    """A candidate whose backend compiles or records at first use (FA4, flex), by its name: `attnkit:<backend>`
+    (attention() forced) or the library's own name. Its first calls are not steady, and it has a compile to do."""
+    from attnkit.runtime.backends import REGISTRY
+
+    b = REGISTRY.get(name.split(":", 1)[-1])
+    return b is not None and b.compiles
+
+
 class Case:
     """One shape's tensors and every candidate's call, built once outside the timing."""
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from attnkit._io import write_atomic
-from attnkit.bench.candidates import AUTO, PLAIN, Case
+from attnkit.bench.candidates import AUTO, PLAIN, Case, compiles
 from attnkit.bench.numerics import BENCH_TOL, max_error
 from attnkit.bench.shapes import Shape, attn_flops, named, suite
 from attnkit.bench.timer import interleaved, sync, warm, warm_gpu
@@ -22,14 +22,6 @@ from attnkit.runtime import table
 
 TARGET_ORACLE = 0.97
 TARGET_PLAIN = 0.98
-
-
-def _jit(name: str) -> bool:
-    """A candidate that is one of attnkit's backends forced and compiles or records at first use."""
-    from attnkit.runtime.backends import REGISTRY
-
-    b = REGISTRY.get(name.split(":", 1)[-1]) if name.startswith("attnkit:") else None
-    return b is not None and b.compiles
 
 
 def bench_shape(s: Shape, device: str, iters: int = 15, rounds: int = 5, backends_only: bool = False,
@@ -79,7 +71,7 @@ def bench_shape(s: Shape, device: str, iters: int = 15, rounds: int = 5, backend
             if prune:  # a JIT backend's second call is not steady yet either: FA4's forward replay records its
                 # host path on the first call and checks the record on the second (fa4_replay); judged on those
                 # two, 28 of 190 FA4 forwards of the 2026-12-03 sweep were pruned at 0.23-18 ms
-                again = {n: fn for n, fn in runs.items() if n not in errors and _jit(n)}
+                again = {n: fn for n, fn in runs.items() if n not in errors and compiles(n)}
                 errors.update(warm(again, device, times=1, seconds=None)[1])
             lap("warm")
             out.setdefault("warm_seconds", {})[ps] = warm_s

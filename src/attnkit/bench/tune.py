@@ -163,7 +163,7 @@ def plan(grid: dict[str, tuple[Any, ...]] | None = None, points: int | None = No
     """The fractional design, in stages whose every prefix is balanced over the stage's cells: the basic cells'
     first two points (head dims COMMON_HEAD_DIMS, the ones most models use), then those cells in half precision
     at the common head dims on a finer lattice in work (`dense`), then every other cell's first point, then the
-    rest. A session measures about 100 cases (2026-12-02): the first ones measure the calls most models make, at
+    rest. A session's timed budget measures 100-200 cases (191 in 380 s on 2026-12-03): the first ones measure the calls most models make, at
     their head dims, before the features few of them use."""
     grid = grid or FEATURES
     quick = grid is QUICK
@@ -469,9 +469,8 @@ def _compile_case(s: Shape, device: str, every_candidate: bool = False) -> int:
     errors. `every_candidate`: the libraries' own calls too (a held-out shape of --validate)."""
     import torch
 
-    from attnkit.bench.candidates import Case
+    from attnkit.bench.candidates import Case, compiles
     from attnkit.bench.timer import warm
-    from attnkit.runtime.backends import REGISTRY
 
     c = Case(s, device)
     failed = 0
@@ -479,8 +478,7 @@ def _compile_case(s: Shape, device: str, every_candidate: bool = False) -> int:
         runs, _ = c.candidates(grad, backends_only=not every_candidate)
         # only the backends with something to compile: on 2026-12-01 16 shards running every backend (sdpa_math's
         # score matrix at the largest work levels) ran out of GPU memory on 7 of 16 and compiled 54 cases in 120 s
-        runs = {n: fn for n, fn in runs.items()
-                if n.split(":", 1)[-1] in REGISTRY and REGISTRY[n.split(":", 1)[-1]].compiles}
+        runs = {n: fn for n, fn in runs.items() if compiles(n)}
         if grad:
             runs = {name: c.step(fn, name) for name, fn in runs.items()}
         with torch.set_grad_enabled(grad):
