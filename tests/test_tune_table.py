@@ -72,9 +72,42 @@ def test_nearest_point_by_the_larger_normalised_distance_with_ties_to_the_larger
     # b, c and d are all 3 octaves off in work; d is also off in head dim (the larger sum), b and c tie: the larger
     # work
     assert table.nearest(pts, 128, 33)["order"] == ["c"]
-    assert table.nearest([pt(64, 36, "a"), pt(256, 36, "d")], 128, 36)["order"] == ["d"]  # a tie: the larger head dim
-    assert table.distance(pt(64, 36, "a"), 128, 36) == 1.0  # an octave of head dim is still near
+    # a tie (with head dims counted alike both ways): the larger head dim
+    symmetric = table.Rule(head_dim_up=1.0)
+    assert table.nearest([pt(64, 36, "a"), pt(256, 36, "d")], 128, 36, symmetric)["order"] == ["d"]
+    assert table.distance(pt(256, 36, "a"), 128, 36) == 1.0  # an octave of head dim above the call is still near
+    assert table.distance(pt(64, 36, "a"), 128, 36) == table.RULE.head_dim_up > 1.0  # an octave below it is far
     assert table.distance(pt(128, 36, "a"), 128, 36 + table.RULE.far_log2 + 0.1) > 1.0
+
+
+def test_a_point_below_the_calls_head_dim_counts_farther_than_one_above():
+    """Kernels pad a head dim up: a cliff lies above a measured head dim (flex float32, 0.98 ms at D64 and 33 ms at
+    D128 in one decode cell of the sweep), so a point below the call stands for it less well than one above."""
+    below, above = pt(64, 30, "flex"), pt(128, 30, "sdpa_efficient")
+    symmetric = table.Rule(head_dim_up=1.0)
+    # 88 is 0.46 octave above 64 and 0.54 below 128: counted alike, the point below is nearer; counted 1.5x (0.69),
+    # the point above; 72 (0.17 above 64, x1.5: 0.25; 0.83 below 128) still takes the point below
+    assert table.nearest([below, above], 88, 30, symmetric)["order"] == ["flex"]
+    assert table.nearest([below, above], 88, 30)["order"] == ["sdpa_efficient"]
+    assert table.nearest([below, above], 72, 30)["order"] == ["flex"]
+    assert table.distance(below, 128, 30, symmetric) == 1.0 < table.distance(below, 128, 30)
+    assert table.distance(above, 128, 30, symmetric) == table.distance(above, 128, 30)
+    with pytest.raises(ValueError, match="head_dim_up must be >= 1"):
+        table.Rule(head_dim_up=0.5)
+
+
+def test_the_rows_read_off_half_precision_runs_hold_for_half_precision_only():
+    """Their sources measured bf16 and fp16. In float32 the sweep has flex 3-500x slower than SDPA's kernels from
+    D128 up, and flex is what the default order offers next where SDPA cannot run (a decode at 2^35 work)."""
+    cases = {"ALiBi": call(alibi=True), "ALiBi forward": call(alibi=True, requires_grad=False),
+             "decode": call(seqlen_q=1, causal=False, requires_grad=False),
+             "small": call(seqlen_q=64, seqlen_k=64, batch=1)}
+    for label, c in cases.items():
+        for dtype in ("bfloat16", "float16"):
+            order, d = priority.rows_order(replace(c, dtype=dtype), (9, 0))
+            assert d.source == "row" and d.label.startswith(label) and order[0] != "sdpa_efficient", (label, dtype, d)
+        order, d = priority.rows_order(replace(c, dtype="float32"), (9, 0))
+        assert d.label == "float32" and order[:2] == ("sdpa_efficient", "sdpa"), (label, d)
 
 
 def test_a_half_precision_call_takes_its_siblings_cell_where_its_own_has_no_near_point(tables):
@@ -161,8 +194,9 @@ def test_a_far_point_does_not_decide(tables):
         order, decided = priority.order_for(c, (9, 0))
         assert order == rows[0] and decided.source == rows[1].source  # the rows decide, as with no table
         assert "is far from this call" in decided.describe()
-    # within 4x of work (RULE.far_log2) and one octave of head dim: the point decides
-    write(tables, _table({table.cell_of(c): [pt(64, table.log2_work(c) - 1.9, "sdpa_flash")]}))
+    # within 4x of work (RULE.far_log2) and one octave of head dim above the call's: the point decides (one below
+    # counts RULE.head_dim_up times as far)
+    write(tables, _table({table.cell_of(c): [pt(256, table.log2_work(c) - 1.9, "sdpa_flash")]}))
     order, decided = priority.order_for(c, (9, 0))
     assert decided.source == "table" and order[0] == "sdpa_flash"
 
@@ -767,10 +801,10 @@ def test_the_timed_run_measures_what_compile_only_compiled_first(tmp_path, monke
 # -- the packaged table ---------------------------------------------------------------------------------------------
 
 _RESULTS = Path(__file__).parent.parent / "docs" / "results"
-# the sweep's sessions: 157 cases, their FA4 forwards timed again with the replay, 106 more cases, 191 more
+# the sweep's sessions: 157 cases, their FA4 forwards timed again with the replay, 106, 191 and 68 more cases
 PACKAGED_FROM = [*(_RESULTS / f"2026-12-02-h200-tune-{n}.jsonl"
                    for n in ("session7-157-cases", "session8-fwd-refresh-91-cases", "session9-106-cases")),
-                 _RESULTS / "2026-12-03-h200-tune-session10-191-cases.jsonl"]
+                 *(_RESULTS / f"2026-12-03-h200-tune-{n}.jsonl" for n in ("session10-191-cases", "session11-68-cases"))]
 
 
 def test_the_packaged_sm90_table_is_the_merge_of_its_sweep_and_carries_its_provenance():
@@ -781,7 +815,7 @@ def test_the_packaged_sm90_table_is_the_merge_of_its_sweep_and_carries_its_prove
     packaged = table.validate(json.loads(text), "sm90.json")
     assert json.loads(json.dumps(tune.merge(PACKAGED_FROM))) == packaged
     prov = packaged["provenance"]
-    assert prov["gpus"] == ["NVIDIA H200"] and prov["torch"].startswith("2.11") and prov["cases"] == 454
+    assert prov["gpus"] == ["NVIDIA H200"] and prov["torch"].startswith("2.11") and prov["cases"] == 522
     assert prov["libraries"]["flash-attn-4"] and prov["driver"] and prov["date"].startswith("2026-12-03")
     assert set(prov["grid"]["dtype"]) == {"bfloat16", "float16", "float32"}
     assert all(set(p["order"]) <= set(REGISTRY) for pts in packaged["cells"].values() for p in pts)

@@ -567,13 +567,18 @@ def _call_of(shape: dict[str, Any], grad: bool, device: str = "cuda") -> Attenti
                          softcap=bool(shape["softcap"]), lengths_q=lengths, lengths_k=keys)
 
 
-CROSS_CHECK_RULES: dict[str, Rule | None] = {  # runtime/table.py's RULE among the variants it was chosen from
+# runtime/table.py's RULE among the variants it was chosen from (each with RULE's knobs where it names none: the
+# head-dim variants came with head_dim_up on 2026-12-03, the far and relax ones before it, at head_dim_up 1)
+CROSS_CHECK_RULES: dict[str, Rule | None] = {
     "hand-written rows only (no table)": None,
     "own cell and sibling, far 8x": Rule(far_log2=3.0, relax=()),
     "+ other kv sharing, far 8x": Rule(far_log2=3.0, relax=("kv",)),
     "+ other kv sharing and causality, far 8x": Rule(far_log2=3.0),
     "own cell and sibling, far 4x": Rule(relax=()),
     "+ other kv sharing, far 4x": Rule(relax=("kv",)),
+    "+ other kv sharing and causality, far 4x, head dim symmetric": Rule(head_dim_up=1.0),
+    "+ other kv sharing and causality, far 4x, head dim below 2x as far": Rule(head_dim_up=2.0),
+    "+ other kv sharing and causality, far 4x, head dim below 3x as far": Rule(head_dim_up=3.0),
     "+ other kv sharing and causality, far 4x": Rule(),
 }
 

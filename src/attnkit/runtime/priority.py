@@ -110,6 +110,7 @@ class Row:
 # the run the rows were read from; docs/results/2026-11-30-h200-bench.json is the run with these rows in place
 BENCH = "docs/results/2026-11-30-h200-bench-1.json"
 FLEX = "docs/results/2026-12-01-h200-flex-alibi.json"  # flex vs SDPA on ALiBi, measured from outside the project
+TUNED = "docs/results/2026-12-03-h200-tune-table-522-cases.json"  # the sweep's table: float32 ALiBi cells
 HALF = ("bfloat16", "float16")
 BIG = 1 << 62
 
@@ -123,25 +124,28 @@ ROWS: tuple[Row, ...] = (
     Row("decode", SM90, ("sdpa",),
         f"{BENCH}: 'decode *': torch's own pick (cuDNN) is fastest; FA4 has no split-KV on sm90 (0.36 vs 0.07 ms "
         f"at Sk=32768); a windowed decode is not this row's: SDPA needs a mask there, FA4 a key range ({FLEX}: "
-        "FA4 0.48 ms)", {"decode": True, "window": False}),
+        "FA4 0.48 ms); half precision only, like every row read off that bench: float32 goes to the 'float32' row "
+        f"({TUNED}: flex, next in the default order where SDPA cannot run, is 500x slower there)",
+        {"decode": True, "window": False, "dtype": HALF}),
     Row("chunked prefill and speculative decoding", SM90, ("flash_attn4", "sdpa"),
         f"{BENCH}: 'prefill *' FA4 0.23 vs 0.42 ms, 'spec-decode Sq4' 0.12 vs 0.41 ms; "
         "without FA4 torch's own pick is its native bottom-right flash kernel. Ahead of 'small': SDPA's lower-right "
         "path took 0.41 ms for a call of 2^30 work", {"fewer_queries": True, "work": (FA4_PREFILL_WORK, BIG)}),
     Row("windowed decode", SM90, ("flash_attn4",),
         f"{FLEX}: a windowed decode step (one query, GQA): FA4 0.48 ms, about 2x attnkit's SDPA pick with a "
-        "mask; ahead of 'small', where every decode step's work is", {"decode": True, "window": True}),
+        "mask; ahead of 'small', where every decode step's work is", {"decode": True, "window": True, "dtype": HALF}),
     Row("small", SM90, ("sdpa",),
         f"{BENCH}: 'small *', 'cross fp16 Sq1024 Sk77': the plain call is fastest, FA4 2.5-4x slower",
-        {"small": True}),
+        {"small": True, "dtype": HALF}),
     Row("ALiBi training", SM90, ("flex",),
         f"{FLEX}: ALiBi causal B8 S2048 H16 D128 bf16 fwd+bwd: flex Triton 2.08 ms, flex FLASH "
-        "2.36, SDPA with a bias built once 3.49, a dense bias rebuilt per call 4.82", {"alibi": True, "train": True,
-                                                                                       "varlen": False}),
+        "2.36, SDPA with a bias built once 3.49, a dense bias rebuilt per call 4.82; half precision only: in float32 "
+        f"flex is 3-500x slower than SDPA's kernels at head dims >= 128 ({TUNED})",
+        {"alibi": True, "train": True, "varlen": False, "dtype": HALF}),
     Row("ALiBi forward", SM90, ("flex",),
         f"{FLEX}: the same call forward back to back: flex Triton 0.49 ms, SDPA with a bias built once 0.92 "
-        "(flex FLASH 0.45, but it raises on most masked calls: backends/flex.py)",
-        {"alibi": True, "train": False, "varlen": False}),
+        "(flex FLASH 0.45, but it raises on most masked calls: backends/flex.py); half precision only, as above",
+        {"alibi": True, "train": False, "varlen": False, "dtype": HALF}),
     Row("sliding window", SM90, ("flash_attn4", "flash_attn3", "flash_attn2"),
         f"{BENCH}: 'window *': FA4 1.5 vs 14.3 ms (S16384) and 1.1 vs 6.4 ms fwd+bwd (S4096) against "
         "SDPA with a dense mask", {"window": True}),

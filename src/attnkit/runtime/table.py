@@ -12,9 +12,11 @@ The rule, in full (`RULE`, a `Rule`: its knobs are data, so `attnkit tune --cros
    causality, each with its sibling. A sweep gives each cell a few points, so a neighbour's point is often the
    only one near a call in head dim and work.
 2. Within the cell, the measured POINT nearest the call by the larger of two distances, each in units of what
-   still counts as near: |log2(head_dim) - log2(point's)| / far_head_dim_log2 and |log2(work) - log2(point's)| /
-   far_log2, where work = batch * heads * seqlen_q * seqlen_k * head_dim; ties go to the smaller sum of the two,
-   then to the larger head dim (kernels pad a head dim up), then to the larger work. A point at distance > 1 is FAR.
+   still counts as near: |log2(head_dim) - log2(point's)| / far_head_dim_log2 (times head_dim_up, 1.5, for a point
+   at a smaller head dim than the call's: a kernel's cliffs lie above a measured head dim) and
+   |log2(work) - log2(point's)| / far_log2, where work = batch * heads * seqlen_q * seqlen_k * head_dim; ties go
+   to the smaller sum of the two, then to the larger head dim (kernels pad a head dim up), then to the larger
+   work. A point at distance > 1 is FAR.
 3. The point's ORDER goes first: every backend that was correct there, fastest first by its worst ratio to the
    fastest over both timing modes (a sync after every call, and back to back), so a backend that only wins one
    mode does not lose the other by much. Then the architecture's full default order (runtime/priority.py), so a
@@ -32,7 +34,14 @@ A point 8x away stood for calls where the winner had changed (FA4 at 2^39 work, 
 FA4's forwards timed again after its replay (docs/results/2026-12-02-h200-tune-cross-check-263-cases.json, 425
 calls) this rule is still the best of the seven: 0.845 / 0.817, against 0.824 / 0.790 for the rows alone; on
 454 cases (docs/results/2026-12-03-h200-tune-cross-check-454-cases.json, 687 calls) 0.912 / 0.899 against 0.852 /
-0.824, still the best.
+0.824, still the best. On 522 cases (796 calls) float32 was the weak class, 0.65 / 0.63 of the fastest against 0.954
+/ 0.944 in half precision (docs/results/2026-12-03-h200-tune-cross-check-522-cases-before-float32-fixes.json):
+flex wins float32 at D64 and is 20-500x slower from D128 up, so a D64 point mis-stood for a D128 call, and the
+hand-written ALiBi, decode and small rows (read off half-precision runs) sent float32 to flex or, where SDPA
+could not run, to the default order's next, flex again. With those rows half precision only and head_dim_up 1.5
+the rule scores 0.951 / 0.942 (float32 0.923 / 0.910; symmetric head dims 0.937 / 0.928, head_dim_up 2 and 3
+0.950 / 0.940 and 0.948 / 0.937), the best of the ten variants
+(docs/results/2026-12-03-h200-tune-cross-check-522-cases.json).
 """
 
 from __future__ import annotations
@@ -55,12 +64,18 @@ class Rule:
     """The lookup's knobs (the module docstring's rules 1 and 2)."""
 
     far_log2: float = 2.0  # a point more than 4x away in work is "far": it does not decide (rule 4 does)
-    far_head_dim_log2: float = 1.0  # nor one whose head dim is more than 2x away
+    far_head_dim_log2: float = 1.0  # nor one whose head dim is more than 2x above the call's (1.59x below: head_dim_up)
+    # a point at a SMALLER head dim than the call's counts this many times as far: kernels pad a head dim up, and
+    # their registers and shared memory grow with it, so a cliff lies above a point, not below it (flex in float32:
+    # 0.98 ms at D64, 33 ms at D128 in the same decode cell); 1.5 scored best of 1, 1.5, 2, 3 (--cross-check)
+    head_dim_up: float = 1.5
     relax: tuple[str, ...] = ("kv", "causal")  # rule 1's neighbours beyond the sibling dtype, in order
 
     def __post_init__(self) -> None:
         if not (self.far_log2 > 0 and self.far_head_dim_log2 > 0):
             raise ValueError("Rule: far_log2 and far_head_dim_log2 must be > 0")
+        if not self.head_dim_up >= 1:
+            raise ValueError("Rule: head_dim_up must be >= 1 (a smaller head dim counts as far or farther)")
         unknown = [r for r in self.relax if r not in ("kv", "causal")]
         if unknown:
             raise ValueError(f"Rule.relax: unknown relaxation {unknown[0]!r} (kv, causal)")
@@ -186,7 +201,8 @@ def table_for(capability: tuple[int, int] | None) -> dict[str, Any] | None:
 
 
 def _offsets(point: dict[str, Any], head_dim: int, work: float, rule: Rule = RULE) -> tuple[float, float]:
-    return (abs(math.log2(point["head_dim"]) - math.log2(head_dim)) / rule.far_head_dim_log2,
+    up = math.log2(head_dim) - math.log2(point["head_dim"])  # > 0: the point's head dim is below the call's
+    return ((up * rule.head_dim_up if up > 0 else -up) / rule.far_head_dim_log2,
             abs(point["log2_work"] - work) / rule.far_log2)
 
 
@@ -197,7 +213,8 @@ def distance(point: dict[str, Any], head_dim: int, work: float, rule: Rule = RUL
 
 def nearest(points: list[dict[str, Any]], head_dim: int, work: float, rule: Rule = RULE) -> dict[str, Any]:
     """Rule 2: the point at the least distance; ties to the smaller sum of the two offsets, then to the larger
-    head dim, then to the larger work."""
+    head dim (a tie between a point below and one above the call's head dim needs head_dim_up 1), then to the
+    larger work."""
     return min(points, key=lambda p: (distance(p, head_dim, work, rule), sum(_offsets(p, head_dim, work, rule)),
                                       -p["head_dim"], -p["log2_work"]))
 
