@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
@@ -29,6 +30,7 @@ import random
 import re
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -411,6 +413,28 @@ def run(out: Path, shard: tuple[int, int] = (1, 1), budget_s: float = 1500.0, qu
             "not_compiled": waiting}
 
 
+def out_of_memory(exc: BaseException) -> bool:
+    """A CUDA (or host) allocation that failed: torch.cuda.OutOfMemoryError, or a CUDA error saying so."""
+    return isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
+
+
+COMPILE_LOCK = "attnkit-tune-compile.lock"  # in the temp folder: the compile shards of one machine share it
+
+
+@contextlib.contextmanager
+def _one_at_a_time() -> Iterator[None]:
+    """An exclusive lock shared by the compile shards on this machine (fcntl.flock: released if a shard dies)."""
+    import fcntl
+    import tempfile
+
+    with (Path(tempfile.gettempdir()) / COMPILE_LOCK).open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def compiled_path(out: Path) -> Path:
     """Beside the timed run's --out: the labels whose kernels compile-only has compiled, one per line."""
     return out.with_name(out.name + ".compiled")
@@ -446,9 +470,11 @@ def compile_only(shard: tuple[int, int] = (1, 1), quick: bool = False, max_cases
     todo = refresh_cases(refresh) if refresh else plan(grid)
     cases = [*held_out, *(s for s in todo if s.label not in done)][i - 1::n][:max_cases]
     failed, left = 0, 0
-    for s in cases:
-        try:  # memory (16 shards share the GPU) leaves the case to a later compile phase or a timed run without
-            # --only-compiled; a candidate that raises is the timed run's to record: the case is listed
+    deferred: list[Shape] = []
+
+    def attempt(s: Shape, last: bool) -> None:
+        nonlocal failed, left
+        try:  # a candidate that raises is the timed run's to record: the case is listed
             errors = _compile_case(s, device, every_candidate=s in held_out)
             failed += errors
             say(f"compiled {s.label}" + (f" ({errors} candidate errors: the timed run records them)" if errors else ""))
@@ -457,10 +483,24 @@ def compile_only(shard: tuple[int, int] = (1, 1), quick: bool = False, max_cases
                 with compiled_path(skip_done).open("a", encoding="utf-8") as f:
                     f.write(s.label + "\n")
         except Exception as exc:  # the case itself could not be held (its tensors): not listed
-            left += 1
-            say(f"left for the timed run {s.label}: {type(exc).__name__}: {first_line(exc, 160)}")
+            if not last and out_of_memory(exc):
+                deferred.append(s)
+                say(f"deferred {s.label}: {first_line(exc, 120)}")
+            else:
+                left += 1
+                say(f"left for the timed run {s.label}: {type(exc).__name__}: {first_line(exc, 160)}")
         if device == "cuda":  # the case's tensors (held by _compile_case's frame only) are gone: give them back
             torch.cuda.empty_cache()
+
+    for s in cases:
+        attempt(s, last=False)
+    # 16 shards share the GPU's memory: on 2026-12-03 153 of ~260 cases (the largest, 2^35-2^39 in work) ran out of
+    # it beside the other shards' tensors, and the timed run skipped them uncompiled. Each is tried again after the
+    # shard's other cases, one deferred case at a time across the shards (a lock file), once
+    if deferred:
+        with _one_at_a_time():
+            for s in deferred:
+                attempt(s, last=True)
     return {"cases": len(cases), "candidate_errors": failed, "left_for_timed_run": left}
 
 
