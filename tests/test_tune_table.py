@@ -957,6 +957,53 @@ def test_cross_check_cli_refuses_in_one_line(tmp_path, args, msg):
     assert good.read_text() == '{"header": true}\n'  # the input is never written
 
 
+VALIDATED = _RESULTS / "2026-12-03-h200-tune-validate-session11-522-cases-11-shapes.json"  # on the packaged table
+
+
+def test_rescore_decides_the_validate_shapes_again_and_times_each_pick_by_the_reports_measurement():
+    """The validate report's figures stand for what ships while the runtime, as it is now, picks what the device
+    picked on every shape (a new table or rule that changes a pick needs a new validate on the GPU)."""
+    rep = tune.rescore(VALIDATED)
+    assert rep["picks"] == 18 and rep["same_picks"] == 18, [c for c in rep["calls"] if not c["same_pick"]]
+    data = json.loads(VALIDATED.read_text())
+    for c in rep["calls"]:  # each ratio is the report's fastest over the report's time of the pick forced
+        ms = next(r for r in data["shapes"] if r["shape"] == c["shape"])["ms"]
+        times = [v[c["pass"]]["sync"] for v in ms.values() if c["pass"] in v]
+        assert c["sync"] == round(min(times) / ms[f"attnkit:{c['pick']}"][c["pass"]]["sync"], 3)
+    assert rep["summary"]["fwd_sync"]["shapes"] == 11 and rep["summary"]["fwdbwd_b2b"]["shapes"] == 7
+
+
+def test_rescore_says_where_the_runtime_now_picks_otherwise(monkeypatch):
+    from attnkit.runtime import priority as prio
+
+    real = prio.order_for
+
+    def slow_first(call, cap):
+        order, d = real(call, cap)
+        return ("sdpa_efficient", *(n for n in order if n != "sdpa_efficient")), d
+
+    monkeypatch.setattr(prio, "order_for", slow_first)
+    rep = tune.rescore(VALIDATED)
+    moved = [c for c in rep["calls"] if not c["same_pick"]]
+    assert moved and all(c["pick"] == "sdpa_efficient" for c in moved)
+    assert rep["summary"]["fwd_b2b"]["geomean"] < 0.9  # the mem-efficient kernel is no H200 winner
+
+
+@pytest.mark.parametrize(("content", "msg"), [
+    (None, "--rescore: {f}: no such file"),
+    ("not json", "--rescore: {f}: not an `attnkit tune --validate --out` report"),
+    ('{"environment": {"probe": {}}, "shapes": [{"shape": "val nothing like it"}]}',
+     "is not one of tune.validation_shapes"),
+])
+def test_rescore_cli_refuses_in_one_line(tmp_path, content, msg):
+    f = tmp_path / "v.json"
+    if content is not None:
+        f.write_text(content)
+    r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", "--rescore", str(f)], capture_output=True,
+                       text=True)
+    assert r.returncode == 2 and msg.format(f=f) in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
 def test_a_resumed_sweep_heads_its_cases_and_a_cut_last_line_does_not_swallow_the_next(tmp_path):
     f = tmp_path / "t.jsonl"
     f.write_text('{"header": true}\n{"shape": {"label": "x"}, "cut')

@@ -762,6 +762,56 @@ def validate(out: Path | None, quick: bool = False, say: Any = print) -> dict[st
     return _validation_report(rows, env, device)
 
 
+def rescore(report: Path) -> dict[str, Any]:
+    """A --validate report's shapes decided again by the runtime as it is now (its table, rule and rows), each
+    pick timed by that report's own measurement of the backend forced (`attnkit:<name>`), against the report's
+    fastest correct candidate: a new table or rule is scored on the held-out shapes without a GPU, and it is
+    known whether the report's figures still stand for what ships (`same_pick`)."""
+    from attnkit.runtime.priority import order_for
+
+    where = f"--rescore: {report}"
+    try:
+        data = json.loads(report.read_text(encoding="utf-8"))
+        rows, probe = data["shapes"], data["environment"]["probe"]
+        cap = tuple(probe["gpus"][0]["capability"]) if probe.get("gpus") else None
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+        raise UsageError(f"{where}: not an `attnkit tune --validate --out` report ({type(exc).__name__}: "
+                         f"{first_line(exc, 80)})") from None
+    known = {s.label: s for quick in (False, True) for s in validation_shapes(quick)}
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        s = known.get(row.get("shape"))
+        if s is None:
+            raise UsageError(f"{where}: shape {str(row.get('shape'))[:60]!r} is not one of tune.validation_shapes "
+                             "(a report from another attnkit version)")
+        wrong = set(row.get("wrong", []))
+        for ps in ("fwd", "fwdbwd") if s.train else ("fwd",):
+            ms = {n: v[ps] for n, v in row["ms"].items() if ps in v and n not in wrong and n not in
+                  (f"{x} {ps}" for x in wrong)}
+            device = "cuda" if cap else "cpu"
+            c = _call_of({**asdict(s), "lengths": s.lengths, "lengths_k": s.lengths_k}, ps == "fwdbwd", device)
+            order, decision = order_for(c, cap)  # type: ignore[arg-type]
+            pick = next((n for n in order if f"attnkit:{n}" in ms), None)
+            if pick is None:
+                continue
+            r = {"shape": s.label, "pass": ps, "pick": pick, "decided_by": decision.describe(),
+                 "same_pick": pick == row.get("selected", {}).get(ps)}
+            for mode in ("sync", "b2b"):
+                best = min(v[mode] for v in ms.values())
+                r[mode] = round(best / ms[f"attnkit:{pick}"][mode], 3)
+            out.append(r)
+    summary = {}
+    for ps in ("fwd", "fwdbwd"):
+        for mode in ("sync", "b2b"):
+            vals = [r[mode] for r in out if r["pass"] == ps]
+            if vals:
+                summary[f"{ps}_{mode}"] = {"geomean": round(math.exp(statistics.fmean(math.log(max(v, 1e-6))
+                                                                                      for v in vals)), 3),
+                                           "min": min(vals), "shapes": len(vals)}
+    return {"report": str(report), "calls": out, "summary": summary,
+            "same_picks": sum(r["same_pick"] for r in out), "picks": len(out)}
+
+
 def _validation_report(rows: list[dict[str, Any]], env: dict[str, Any], device: str) -> dict[str, Any]:
     def gm(vals: list[float]) -> float:  # a ratio rounded to 0 (a pick 2000x slower) still has a logarithm
         return round(math.exp(statistics.fmean(math.log(max(v, 1e-6)) for v in vals)), 3)

@@ -77,13 +77,33 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         return next((f for f in flags if getattr(a, f[2:].replace("-", "_"))), None)
 
     if a.only_compiled:  # it chooses which of the timed run's cases run: meaningless elsewhere, and said so
-        other = other_mode("--merge", "--validate", "--plan", "--cross-check", "--compile-only", "--refine")
+        other = other_mode("--merge", "--validate", "--plan", "--cross-check", "--compile-only", "--refine",
+                           "--rescore")
         if other is not None:
             raise UsageError(f"--only-compiled: not with {other} (it picks the timed run's cases from what "
                              "--compile-only compiled for the same --out, and that compiles the plan's cases only)")
         if a.out and not tune.compiled_path(Path(a.out)).is_file():
             raise UsageError(f"--only-compiled: no {tune.compiled_path(Path(a.out))} (run `attnkit tune "
                              f"--compile-only --out {a.out} --resume` first)")
+    if a.rescore:
+        other = other_mode("--merge", "--validate", "--plan", "--compile-only", "--refine", "--resume", "--cross-check")
+        if other is not None:
+            raise UsageError(f"--rescore: not with {other} (it reads a finished --validate report and runs nothing)")
+        if not Path(a.rescore).is_file():
+            raise UsageError(f"--rescore: {a.rescore}: no such file (give an `attnkit tune --validate --out` report)")
+        if a.out:
+            if Path(a.out).resolve() == Path(a.rescore).resolve():
+                raise UsageError(f"--out: {a.out} is the --rescore input; the result goes to a new file")
+            check_writable(a.out, "--out")
+        rep = tune.rescore(Path(a.rescore))
+        for r in rep["calls"]:
+            print(f"{r['shape']} {r['pass']}: {r['pick']}{'' if r['same_pick'] else ' (the report picked another)'}"
+                  f", sync {r['sync']}, b2b {r['b2b']}")
+        print(f"summary: {json.dumps(rep['summary'])}; the report's pick {rep['same_picks']} of {rep['picks']}")
+        if a.out:
+            write_atomic(Path(a.out), json.dumps(rep, indent=1) + "\n")
+            print(f"wrote {a.out}")
+        return 0
     if a.cross_check:
         other = other_mode("--merge", "--validate", "--plan", "--compile-only", "--refine", "--resume")
         if other is not None:
@@ -240,6 +260,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                     "it was chosen from) leave-one-out on these results; --out writes the report")
     tu.add_argument("--validate", action="store_true", help="time held-out shapes (not grid points): attnkit against "
                                                            "the fastest correct candidate; --out writes the report")
+    tu.add_argument("--rescore", metavar="REPORT", help="decide a --validate report's shapes again with the table and "
+                    "rule as they are now, each pick timed by that report's measurements (no GPU); --out writes it")
     tu.set_defaults(func=_cmd_tune)
 
     wu = sub.add_parser("warmup", help="compile JIT kernels (FlashAttention-4) for a list of shapes ahead of time")
