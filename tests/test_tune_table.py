@@ -994,6 +994,11 @@ def test_rescore_says_where_the_runtime_now_picks_otherwise(monkeypatch):
     ("not json", "--rescore: {f}: not an `attnkit tune --validate --out` report"),
     ('{"environment": {"probe": {}}, "shapes": [{"shape": "val nothing like it"}]}',
      "is not one of tune.validation_shapes"),
+    ('[1, 2]', "not an `attnkit tune --validate --out` report"),
+    ('{"environment": {"probe": {}}, "shapes": [{"shape": "val odd D48 S77 H20/4 fp32"}]}',
+     "a shape's times are not what `attnkit tune --validate` writes (KeyError"),
+    ('{"environment": {"probe": {}}, "shapes": [{"shape": "val odd D48 S77 H20/4 fp32", "ms": {"attnkit:sdpa_cpu": '
+     '{"fwd": {"sync": 0, "b2b": 0}}}}]}', "(ZeroDivisionError"),
 ])
 def test_rescore_cli_refuses_in_one_line(tmp_path, content, msg):
     f = tmp_path / "v.json"

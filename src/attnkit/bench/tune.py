@@ -767,39 +767,19 @@ def rescore(report: Path) -> dict[str, Any]:
     pick timed by that report's own measurement of the backend forced (`attnkit:<name>`), against the report's
     fastest correct candidate: a new table or rule is scored on the held-out shapes without a GPU, and it is
     known whether the report's figures still stand for what ships (`same_pick`)."""
-    from attnkit.runtime.priority import order_for
-
     where = f"--rescore: {report}"
     try:
         data = json.loads(report.read_text(encoding="utf-8"))
         rows, probe = data["shapes"], data["environment"]["probe"]
         cap = tuple(probe["gpus"][0]["capability"]) if probe.get("gpus") else None
-    except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
         raise UsageError(f"{where}: not an `attnkit tune --validate --out` report ({type(exc).__name__}: "
                          f"{first_line(exc, 80)})") from None
-    known = {s.label: s for quick in (False, True) for s in validation_shapes(quick)}
-    out: list[dict[str, Any]] = []
-    for row in rows:
-        s = known.get(row.get("shape"))
-        if s is None:
-            raise UsageError(f"{where}: shape {str(row.get('shape'))[:60]!r} is not one of tune.validation_shapes "
-                             "(a report from another attnkit version)")
-        wrong = set(row.get("wrong", []))
-        for ps in ("fwd", "fwdbwd") if s.train else ("fwd",):
-            ms = {n: v[ps] for n, v in row["ms"].items() if ps in v and n not in wrong and n not in
-                  (f"{x} {ps}" for x in wrong)}
-            device = "cuda" if cap else "cpu"
-            c = _call_of({**asdict(s), "lengths": s.lengths, "lengths_k": s.lengths_k}, ps == "fwdbwd", device)
-            order, decision = order_for(c, cap)  # type: ignore[arg-type]
-            pick = next((n for n in order if f"attnkit:{n}" in ms), None)
-            if pick is None:
-                continue
-            r = {"shape": s.label, "pass": ps, "pick": pick, "decided_by": decision.describe(),
-                 "same_pick": pick == row.get("selected", {}).get(ps)}
-            for mode in ("sync", "b2b"):
-                best = min(v[mode] for v in ms.values())
-                r[mode] = round(best / ms[f"attnkit:{pick}"][mode], 3)
-            out.append(r)
+    try:
+        out = _rescore_rows(rows, cap, where)
+    except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as exc:
+        raise UsageError(f"{where}: a shape's times are not what `attnkit tune --validate` writes "
+                         f"({type(exc).__name__}: {first_line(exc, 80)})") from None
     summary = {}
     for ps in ("fwd", "fwdbwd"):
         for mode in ("sync", "b2b"):
@@ -810,6 +790,33 @@ def rescore(report: Path) -> dict[str, Any]:
                                            "min": min(vals), "shapes": len(vals)}
     return {"report": str(report), "calls": out, "summary": summary,
             "same_picks": sum(r["same_pick"] for r in out), "picks": len(out)}
+
+
+def _rescore_rows(rows: list[dict[str, Any]], cap: tuple[int, ...] | None, where: str) -> list[dict[str, Any]]:
+    from attnkit.runtime.priority import order_for
+
+    known = {s.label: s for quick in (False, True) for s in validation_shapes(quick)}
+    device = "cuda" if cap else "cpu"
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        s = known.get(str(row.get("shape")))
+        if s is None:
+            raise UsageError(f"{where}: shape {str(row.get('shape'))[:60]!r} is not one of tune.validation_shapes "
+                             "(a report from another attnkit version)")
+        wrong = set(row.get("wrong", []))
+        for ps in ("fwd", "fwdbwd") if s.train else ("fwd",):
+            ms = {n: v[ps] for n, v in row["ms"].items() if ps in v and n not in wrong and f"{n} {ps}" not in wrong}
+            c = _call_of({**asdict(s), "lengths": s.lengths, "lengths_k": s.lengths_k}, ps == "fwdbwd", device)
+            order, decision = order_for(c, cap)  # type: ignore[arg-type]
+            pick = next((n for n in order if f"attnkit:{n}" in ms), None)
+            if pick is None:  # no backend of the order was measured there (or each was wrong): nothing to score
+                continue
+            r = {"shape": s.label, "pass": ps, "pick": pick, "decided_by": decision.describe(),
+                 "same_pick": pick == row.get("selected", {}).get(ps)}
+            for mode in ("sync", "b2b"):
+                r[mode] = round(min(v[mode] for v in ms.values()) / ms[f"attnkit:{pick}"][mode], 3)
+            out.append(r)
+    return out
 
 
 def _validation_report(rows: list[dict[str, Any]], env: dict[str, Any], device: str) -> dict[str, Any]:
