@@ -425,9 +425,23 @@ def test_the_plan_covers_every_cell_and_every_level_and_any_prefix_is_balanced()
     levels = [tune.DENSE_WORK_LOG2.index(int(s.label.split("|")[7][1:])) for s in dense]
     assert levels == sorted(levels) and levels[0] == 0  # level by level, the middle of the range first
     assert all(s.train == ("|decode|" not in s.label and "|few|" not in s.label) for s in dense)
+    # stage 1c: the equal-length ones of those again at each WIDE_WORK_LOG2 level, a 4x shorter sequence and a 16x
+    # larger batch: the same work (its long twin's table point), batch x heads 256-512
+    start = 2 * len(basic) + n_dense
+    n_wide = len([c for c in half if c[3] == "equal"]) * len(tune.COMMON_HEAD_DIMS) * len(tune.WIDE_WORK_LOG2)
+    wide = cases[start:start + n_wide]
+    assert all(s.label.endswith("|wide") and s.train for s in wide) and not any(
+        s.label.endswith("|wide") for s in cases[:start] + cases[start + n_wide:])
+    for s in wide:
+        cell = (s.dtype, s.causal, *s.label.split("|")[2:6])
+        twin = tune.shape_for(cell, s.head_dim, float(s.label.split("|")[7][1:]), True, 0)
+        assert (s.seqlen_q * tune.WIDE, s.batch) == (twin.seqlen_q, twin.batch * tune.WIDE ** 2)
+        assert s.batch * s.seqlen_q ** 2 == twin.batch * twin.seqlen_q ** 2 and s.batch * s.heads >= 256
     assert len(cases) == (tune.BASIC_POINTS * len(basic) + tune.POINTS_PER_CELL * (len(cells) - len(basic))
-                          + n_dense)
+                          + n_dense + n_wide)
     # stage 2: every other cell once
+    n_dense += n_wide  # (the stages after 1c start that much later)
+    dense += wide
     second = cases[2 * len(basic) + n_dense:len(basic) + len(cells) + n_dense]
     assert len({key(s) for s in second}) == len(cells) - len(basic)
     assert not {key(s) for s in second} & {key(s) for s in head}

@@ -31,7 +31,7 @@ import re
 import statistics
 import time
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,8 @@ POINTS_PER_CELL = 2
 BASIC_POINTS = 6  # points of a basic cell (`basic`): the first two at COMMON_HEAD_DIMS
 COMMON_HEAD_DIMS = (128, 64)  # the head dims of most models (Llama, Mistral, Qwen, Gemma-2B/7B: 128; GPT-2, BERT, ViT: 64)
 DENSE_WORK_LOG2 = (35, 33, 37, 31, 29)  # `dense`: where training and prefill calls sit (32 heads, D128, batch 1: 2^32 at S1k, 2^38 at S8k)
+WIDE_WORK_LOG2 = (35, 33, 37)  # `wide`: the crossover of cuDNN and FA4 in training (2026-12-03 validate)
+WIDE = 4  # `wide`: the sequence 4x shorter than shape_for's, the batch 16x larger (the same work)
 PRUNE = 3.0  # a backend 3x slower than the fastest in its first calls is not timed further (bench_shape's prune)
 FEATURES: dict[str, tuple[Any, ...]] = {"head_dim": HEAD_DIMS, "dtype": DTYPES, "causal": (True, False), "kv": tuple(KV),
             "query_shape": QUERY_SHAPES, "extra": EXTRAS, "varlen": VARLEN, "log2_work": WORK_LOG2,
@@ -161,11 +163,33 @@ def dense(cells: list[tuple[Any, ...]], order: list[int], train_ok: bool) -> lis
     return out
 
 
+def wide(cells: list[tuple[Any, ...]], order: list[int], train_ok: bool) -> list[Shape]:
+    """The basic half-precision cells with equal lengths at COMMON_HEAD_DIMS again, each at the same work with a
+    sequence WIDE times shorter and a batch WIDE**2 times larger, labelled `<case>|wide`. shape_for reaches a work
+    level with the longest sequence and batch 1-2 (batch x heads 16-64), where real training and prefill run
+    batch x heads 64-512 at shorter sequences. On 2026-12-03 the validate shapes' fwd+bwd at the cuDNN/FA4
+    crossover (2^33-2^36) lost up to 17% to such points: Falcon-7B's B4 x 71 heads at S2048 runs faster on FA4
+    where the grid's B2 x 16 heads at S4096 ran faster on cuDNN. A wide case lands on its long twin's table
+    point (same cell, head dim and work), and `merge` averages the two: the point stands for both splits."""
+    out = []
+    for lw in WIDE_WORK_LOG2:
+        for hd in COMMON_HEAD_DIMS:
+            for i in order:
+                c = cells[i]
+                if basic(c) and c[0] in HALF and c[3] == "equal":
+                    s = shape_for(c, hd, float(lw), train_ok, seed=i)
+                    if s.seqlen_q >= 256 * WIDE:
+                        sq = s.seqlen_q // WIDE
+                        out.append(replace(s, label=f"{s.label}|wide", batch=s.batch * WIDE * WIDE, seqlen_q=sq,
+                                           seqlen_k=sq))
+    return out
+
+
 def plan(grid: dict[str, tuple[Any, ...]] | None = None, points: int | None = None) -> list[Shape]:
     """The fractional design, in stages whose every prefix is balanced over the stage's cells: the basic cells'
     first two points (head dims COMMON_HEAD_DIMS, the ones most models use), then those cells in half precision
-    at the common head dims on a finer lattice in work (`dense`), then every other cell's first point, then the
-    rest. A session's timed budget measures 100-200 cases (191 in 380 s on 2026-12-03): the first ones measure the calls most models make, at
+    at the common head dims on a finer lattice in work (`dense`), then those with equal lengths again at a
+    shorter sequence and a larger batch (`wide`), then every other cell's first point, then the rest. A session's timed budget measures 100-200 cases (191 in 380 s on 2026-12-03): the first ones measure the calls most models make, at
     their head dims, before the features few of them use."""
     grid = grid or FEATURES
     quick = grid is QUICK
@@ -198,7 +222,7 @@ def plan(grid: dict[str, tuple[Any, ...]] | None = None, points: int | None = No
     for want_basic, k in stages:
         out += [per_cell[i][k] for i in order if k < len(per_cell[i]) and basic(cells[i]) == want_basic]
         if (want_basic, k) == (True, 1) and not quick and points is None:
-            out += dense(cells, order, train_ok)
+            out += dense(cells, order, train_ok) + wide(cells, order, train_ok)
     first: dict[str, Shape] = {}
     for s in out:  # a lattice point the grid has already: measured once, where it first comes
         first.setdefault(s.label, s)
