@@ -426,7 +426,7 @@ def test_the_plan_covers_every_cell_and_every_level_and_any_prefix_is_balanced()
     assert levels == sorted(levels) and levels[0] == 0  # level by level, the middle of the range first
     assert all(s.train == ("|decode|" not in s.label and "|few|" not in s.label) for s in dense)
     # stage 1c: the equal-length ones of those again at each WIDE_WORK_LOG2 level, a 4x shorter sequence and a 16x
-    # larger batch: the same work (its long twin's table point), batch x heads 256-512
+    # larger batch: the same work (its long twin's table point), batch x heads 256-1024
     start = 2 * len(basic) + n_dense
     n_wide = len([c for c in half if c[3] == "equal"]) * len(tune.COMMON_HEAD_DIMS) * len(tune.WIDE_WORK_LOG2)
     wide = cases[start:start + n_wide]
@@ -474,6 +474,11 @@ def test_refine_adds_midpoints_where_the_winner_changes():
     assert tune.refine(same) == []
     mids = tune.refine([result(27, "a", "b"), result(35, "b", "a")])
     assert len(mids) == 1 and "|w31|" in mids[0].label
+    # a wide twin sits on its long case's level: refine reads the long lattice alone, in any order of records
+    twin = {**result(35, "a", "b"), "shape": {"label": result(35, "a", "b")["shape"]["label"] + "|wide"}}
+    for records in ([result(27, "a", "b"), twin, result(35, "b", "a")], [twin, result(35, "b", "a"),
+                                                                         result(27, "a", "b")]):
+        assert [m.label for m in tune.refine(records)] == [m.label for m in mids]
 
 
 @pytest.mark.parametrize("fails", [1, 2])
@@ -498,12 +503,37 @@ def test_compile_only_tries_a_case_out_of_memory_again_after_the_others_then_lea
     said: list[str] = []
     r = tune.compile_only(quick=True, max_cases=2, say=said.append)
     assert made[2] == made[0] and len(made) == 3  # the first case, once more, after the second
-    assert r == {"cases": 2, "candidate_errors": 0, "left_for_timed_run": fails - 1}
+    assert r == {"cases": 2, "candidate_errors": 0, "deferred": 1, "left_for_timed_run": fails - 1}
     assert said[0] == f"deferred {made[0]}: CUDA out of memory. Tried to allocate 64.12 GiB."
     assert said[1] == f"compiled {made[1]}"
     assert said[2] == (f"compiled {made[0]}" if fails == 1 else
                        f"left for the timed run {made[0]}: MemoryError: CUDA out of memory. Tried to allocate 64.12 GiB.")
     assert (tmp_path / tune.COMPILE_LOCK).exists()
+
+
+@pytest.mark.parametrize("error", ["OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+                                   "RuntimeError: cuDNN error: CUDNN_STATUS_ALLOC_FAILED"])
+def test_a_candidate_out_of_memory_defers_its_case_and_its_own_errors_do_not(monkeypatch, tmp_path, error):
+    """timer.warm keeps each candidate's error as a result: one that is an allocation failure means the case did not
+    fit beside the other shards, so the case is deferred like one whose tensors did not fit."""
+    import tempfile
+
+    from attnkit.bench import timer
+
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    calls: list[int] = []
+
+    def warm(runs, device, times=2):
+        calls.append(len(runs))
+        return {}, ({next(iter(runs)): error} if len(calls) == 1 else {})
+
+    monkeypatch.setattr(timer, "warm", warm)
+    said: list[str] = []
+    r = tune.compile_only(quick=True, max_cases=1, say=said.append)
+    assert r["deferred"] == 1 and r["left_for_timed_run"] == 0 and said[0].startswith("deferred ")
+    assert said[-1].startswith("compiled ") and len(calls) >= 2
+    assert tune.out_of_memory(torch.OutOfMemoryError("CUDA out of memory.")) and not tune.out_of_memory(
+        ValueError("head_dim 48 not supported"))
 
 
 def test_compile_only_leaves_a_case_that_raises_otherwise_at_once(monkeypatch):
@@ -1005,6 +1035,8 @@ def test_rescore_says_where_the_runtime_now_picks_otherwise(monkeypatch):
 
 @pytest.mark.parametrize(("content", "msg"), [
     (None, "--rescore: {f}: no such file"),
+    ('{"environment": {"probe": {}}, "shapes": [{"shape": "val odd D48 S77 H20/4 fp32", "params": {"batch": 3}}]}',
+     "was measured with other parameters than tune.validation_shapes gives it now"),
     ("not json", "--rescore: {f}: not an `attnkit tune --validate --out` report"),
     ('{"environment": {"probe": {}}, "shapes": [{"shape": "val nothing like it"}]}',
      "is not one of tune.validation_shapes"),

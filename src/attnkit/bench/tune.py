@@ -233,6 +233,8 @@ def refine(results: list[dict[str, Any]], grid: dict[str, tuple[Any, ...]] | Non
     """Midpoints where a cell's winner changes between two measured points of one head dim (in log2 work)."""
     by_cell: dict[tuple[Any, ...], list[tuple[float, str, dict[str, Any]]]] = {}
     for r in results:
+        if r["shape"]["label"].endswith("|wide"):  # the long lattice's levels decide; a wide twin sits on one of them
+            continue
         parts = tuple(r["shape"]["label"].split("|")[:6])
         for ps in r.get("cell", {}):
             order = decision_order(r, ps)
@@ -437,22 +439,28 @@ def run(out: Path, shard: tuple[int, int] = (1, 1), budget_s: float = 1500.0, qu
             "not_compiled": waiting}
 
 
-def out_of_memory(exc: BaseException) -> bool:
-    """A CUDA (or host) allocation that failed: torch.cuda.OutOfMemoryError, or a CUDA error saying so."""
-    return isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
+OOM = re.compile(r"out of memory|ALLOC_FAILED", re.IGNORECASE)  # torch's, CUDA's, cuDNN's and cuBLAS's words
+
+
+def out_of_memory(exc: BaseException | str) -> bool:
+    """An allocation that failed: MemoryError, torch.OutOfMemoryError (a RuntimeError, known by its text), a CUDA
+    error or a cuDNN / cuBLAS status saying so; or a candidate's recorded error (timer.warm's text) that does."""
+    return isinstance(exc, MemoryError) or bool(OOM.search(str(exc)))
 
 
 COMPILE_LOCK = "attnkit-tune-compile.lock"  # in the temp folder: the compile shards of one machine share it
 
 
 @contextlib.contextmanager
-def _one_at_a_time() -> Iterator[None]:
-    """An exclusive lock shared by the compile shards on this machine (fcntl.flock: released if a shard dies)."""
+def _gpu_share(exclusive: bool) -> Iterator[None]:
+    """The compile shards' hold on the GPU's memory (fcntl.flock on one file, released if a shard dies): shared
+    through a shard's first pass over its cases, exclusive for each retry of a case that ran out of memory, so a
+    retry runs once no shard is in its first pass and no other retry runs beside it."""
     import fcntl
     import tempfile
 
     with (Path(tempfile.gettempdir()) / COMPILE_LOCK).open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         try:
             yield
         finally:
@@ -516,16 +524,16 @@ def compile_only(shard: tuple[int, int] = (1, 1), quick: bool = False, max_cases
         if device == "cuda":  # the case's tensors (held by _compile_case's frame only) are gone: give them back
             torch.cuda.empty_cache()
 
-    for s in cases:
-        attempt(s, last=False)
+    with _gpu_share(exclusive=False):
+        for s in cases:
+            attempt(s, last=False)
     # 16 shards share the GPU's memory: on 2026-12-03 153 of ~260 cases (the largest, 2^35-2^39 in work) ran out of
-    # it beside the other shards' tensors, and the timed run skipped them uncompiled. Each is tried again after the
-    # shard's other cases, one deferred case at a time across the shards (a lock file), once
-    if deferred:
-        with _one_at_a_time():
-            for s in deferred:
-                attempt(s, last=True)
-    return {"cases": len(cases), "candidate_errors": failed, "left_for_timed_run": left}
+    # it beside the other shards' tensors, and the timed run skipped them uncompiled. Each is tried again once this
+    # shard and every other has finished its first pass, one retry at a time across the shards
+    for s in deferred:
+        with _gpu_share(exclusive=True):
+            attempt(s, last=True)
+    return {"cases": len(cases), "candidate_errors": failed, "deferred": len(deferred), "left_for_timed_run": left}
 
 
 def _compile_case(s: Shape, device: str, every_candidate: bool = False) -> int:
@@ -547,6 +555,9 @@ def _compile_case(s: Shape, device: str, every_candidate: bool = False) -> int:
             runs = {name: c.step(fn, name) for name, fn in runs.items()}
         with torch.set_grad_enabled(grad):
             _, errors = warm(runs, device, times=1)
+        oom = next((f"{n}: {e}" for n, e in errors.items() if out_of_memory(e)), None)
+        if oom is not None:  # not the candidate's own error: the case did not fit beside the other shards'
+            raise MemoryError(oom)
         failed += len(errors)
     return failed
 
@@ -766,7 +777,8 @@ def validate(out: Path | None, quick: bool = False, say: Any = print) -> dict[st
     for s in validation_shapes(quick):
         r = bench_shape(s, device, iters=3 if quick else 10, rounds=2 if quick else 4, confirm=3)
         # every candidate's times too: a later lookup rule can be scored on this run's measurements offline
-        row = {"shape": s.label, "selected": r["selected_by_pass"], "decided_by": r["row"], "ratios": {},
+        row = {"shape": s.label, "params": asdict(s), "selected": r["selected_by_pass"], "decided_by": r["row"],
+               "ratios": {},
                "ms": r["ms"], "wrong": sorted(r.get("wrong", {}))}
         for ps, modes in r["ratios"].items():
             for mode, x in modes.items():
@@ -827,9 +839,12 @@ def _rescore_rows(rows: list[dict[str, Any]], cap: tuple[int, ...] | None, where
         if s is None:
             raise UsageError(f"{where}: shape {str(row.get('shape'))[:60]!r} is not one of tune.validation_shapes "
                              "(a report from another attnkit version)")
-        wrong = set(row.get("wrong", []))
+        if "params" in row and json.loads(json.dumps(row["params"])) != json.loads(json.dumps(asdict(s))):
+            raise UsageError(f"{where}: shape {s.label[:60]!r} was measured with other parameters than "
+                             "tune.validation_shapes gives it now (a report from another attnkit version)")
+        wrong = set(row.get("wrong", []))  # bench_shape's forward check: those were not timed in either pass
         for ps in ("fwd", "fwdbwd") if s.train else ("fwd",):
-            ms = {n: v[ps] for n, v in row["ms"].items() if ps in v and n not in wrong and f"{n} {ps}" not in wrong}
+            ms = {n: v[ps] for n, v in row["ms"].items() if ps in v and n not in wrong}
             c = _call_of({**asdict(s), "lengths": s.lengths, "lengths_k": s.lengths_k}, ps == "fwdbwd", device)
             order, decision = order_for(c, cap)  # type: ignore[arg-type]
             pick = next((n for n in order if f"attnkit:{n}" in ms), None)

@@ -86,9 +86,11 @@ def _cmd_tune(a: argparse.Namespace) -> int:
             raise UsageError(f"--only-compiled: no {tune.compiled_path(Path(a.out))} (run `attnkit tune "
                              f"--compile-only --out {a.out} --resume` first)")
     if a.rescore:
-        other = other_mode("--merge", "--validate", "--plan", "--compile-only", "--refine", "--resume", "--cross-check")
+        other = other_mode("--merge", "--validate", "--plan", "--compile-only", "--refine", "--resume", "--cross-check",
+                           "--refresh-fwd", "--table")
         if other is not None:
-            raise UsageError(f"--rescore: not with {other} (it reads a finished --validate report and runs nothing)")
+            raise UsageError(f"--rescore: not with {other} (it reads a finished --validate report and runs nothing; "
+                             "ATTNKIT_SELECTION_DIR chooses the table it decides from)")
         if not Path(a.rescore).is_file():
             raise UsageError(f"--rescore: {a.rescore}: no such file (give an `attnkit tune --validate --out` report)")
         if a.out:
