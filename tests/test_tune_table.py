@@ -631,7 +631,7 @@ def test_tune_on_this_cpu_shards_resumes_merges_and_selection_reads_the_table(tm
     run = lambda *a: subprocess.run([*cli, *a], capture_output=True, text=True, timeout=600)  # noqa: E731
     r = run("--compile-only", "--shard", "1/2", "--max-cases", "1")  # untimed: JIT caches only
     assert r.returncode == 0 and json.loads(r.stdout.splitlines()[-1]) == {"cases": 1, "candidate_errors": 0,
-                                                                   "left_for_timed_run": 0}
+                                                                   "deferred": 0, "left_for_timed_run": 0}
     r = run("--out", str(s1), "--shard", "1/2", "--max-cases", "1")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.splitlines()[-1])["ran"] == 1
