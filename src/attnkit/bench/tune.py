@@ -448,18 +448,20 @@ def out_of_memory(exc: BaseException | str) -> bool:
     return isinstance(exc, MemoryError) or bool(OOM.search(str(exc)))
 
 
-COMPILE_LOCK = "attnkit-tune-compile.lock"  # in the temp folder: the compile shards of one machine share it
+COMPILE_LOCK = "attnkit-tune-compile.lock"  # beside the shards' common --out, else in the temp folder
 
 
 @contextlib.contextmanager
-def _gpu_share(exclusive: bool) -> Iterator[None]:
+def _gpu_share(exclusive: bool, beside: Path | None) -> Iterator[None]:
     """The compile shards' hold on the GPU's memory (fcntl.flock on one file, released if a shard dies): shared
     through a shard's first pass over its cases, exclusive for each retry of a case that ran out of memory, so a
-    retry runs once no shard is in its first pass and no other retry runs beside it."""
+    retry runs once no shard is in its first pass and no other retry runs beside it. The file is beside the --out
+    the shards resume (`beside`), where they write anyway; without one, in the temp folder."""
     import fcntl
     import tempfile
 
-    with (Path(tempfile.gettempdir()) / COMPILE_LOCK).open("a") as f:
+    lock = beside.with_name(f"{beside.name}.{COMPILE_LOCK}") if beside else Path(tempfile.gettempdir()) / COMPILE_LOCK
+    with lock.open("a") as f:
         fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         try:
             yield
@@ -524,14 +526,14 @@ def compile_only(shard: tuple[int, int] = (1, 1), quick: bool = False, max_cases
         if device == "cuda":  # the case's tensors (held by _compile_case's frame only) are gone: give them back
             torch.cuda.empty_cache()
 
-    with _gpu_share(exclusive=False):
+    with _gpu_share(exclusive=False, beside=skip_done):
         for s in cases:
             attempt(s, last=False)
     # 16 shards share the GPU's memory: on 2026-12-03 153 of ~260 cases (the largest, 2^35-2^39 in work) ran out of
     # it beside the other shards' tensors, and the timed run skipped them uncompiled. Each is tried again once this
     # shard and every other has finished its first pass, one retry at a time across the shards
     for s in deferred:
-        with _gpu_share(exclusive=True):
+        with _gpu_share(exclusive=True, beside=skip_done):
             attempt(s, last=True)
     return {"cases": len(cases), "candidate_errors": failed, "deferred": len(deferred), "left_for_timed_run": left}
 
@@ -734,8 +736,7 @@ def _cross_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         return {"calls": 0}
     worst = [min(x["sync"], x["b2b"]) for x in rows]
     return {"calls": len(rows), "decided_by_table": sum(x["source"] == "table" for x in rows),
-            **{f"geomean_{m}": round(math.exp(statistics.fmean(math.log(x[m]) for x in rows)), 3)
-               for m in ("sync", "b2b")},
+            **{f"geomean_{m}": _geomean(x[m] for x in rows) for m in ("sync", "b2b")},
             "share_both_modes_ge_0.90": round(sum(w >= 0.9 for w in worst) / len(worst), 3),
             "min_worse_mode": round(min(worst), 4)}
 
@@ -821,9 +822,7 @@ def rescore(report: Path) -> dict[str, Any]:
         for mode in ("sync", "b2b"):
             vals = [r[mode] for r in out if r["pass"] == ps]
             if vals:
-                summary[f"{ps}_{mode}"] = {"geomean": round(math.exp(statistics.fmean(math.log(max(v, 1e-6))
-                                                                                      for v in vals)), 3),
-                                           "min": min(vals), "shapes": len(vals)}
+                summary[f"{ps}_{mode}"] = {"geomean": _geomean(vals), "min": min(vals), "shapes": len(vals)}
     return {"report": str(report), "calls": out, "summary": summary,
             "same_picks": sum(r["same_pick"] for r in out), "picks": len(out)}
 
@@ -845,7 +844,7 @@ def _rescore_rows(rows: list[dict[str, Any]], cap: tuple[int, ...] | None, where
         wrong = set(row.get("wrong", []))  # bench_shape's forward check: those were not timed in either pass
         for ps in ("fwd", "fwdbwd") if s.train else ("fwd",):
             ms = {n: v[ps] for n, v in row["ms"].items() if ps in v and n not in wrong}
-            c = _call_of({**asdict(s), "lengths": s.lengths, "lengths_k": s.lengths_k}, ps == "fwdbwd", device)
+            c = _call_of(asdict(s), ps == "fwdbwd", device)
             order, decision = order_for(c, cap)  # type: ignore[arg-type]
             pick = next((n for n in order if f"attnkit:{n}" in ms), None)
             if pick is None:  # no backend of the order was measured there (or each was wrong): nothing to score
@@ -858,18 +857,20 @@ def _rescore_rows(rows: list[dict[str, Any]], cap: tuple[int, ...] | None, where
     return out
 
 
-def _validation_report(rows: list[dict[str, Any]], env: dict[str, Any], device: str) -> dict[str, Any]:
-    def gm(vals: list[float]) -> float:  # a ratio rounded to 0 (a pick 2000x slower) still has a logarithm
-        return round(math.exp(statistics.fmean(math.log(max(v, 1e-6)) for v in vals)), 3)
+def _geomean(vals: Any) -> float:
+    """Of ratios, rounded as the reports print them; a ratio rounded to 0 (a pick 2000x slower) still has a log."""
+    return round(math.exp(statistics.fmean(math.log(max(v, 1e-6)) for v in vals)), 3)
 
+
+def _validation_report(rows: list[dict[str, Any]], env: dict[str, Any], device: str) -> dict[str, Any]:
     summary = {}
     for key in sorted({k for r in rows for k in r["ratios"]}):
         vals = [r["ratios"][key]["selected_over_oracle"] for r in rows if key in r["ratios"]]
-        summary[key] = {"geomean": gm(vals), "min": min(vals), "shapes": len(vals)}
+        summary[key] = {"geomean": _geomean(vals), "min": min(vals), "shapes": len(vals)}
         again = [r["ratios"][key]["confirmed_selected_over_oracle"] for r in rows
                  if "confirmed_selected_over_oracle" in r["ratios"].get(key, {})]
         if again:
-            summary[key].update(confirmed_geomean=gm(again), confirmed_min=min(again))
+            summary[key].update(confirmed_geomean=_geomean(again), confirmed_min=min(again))
     return {"environment": env, "device": device, "shapes": rows, "summary": summary,
             "candidates_note": f"oracle = fastest correct candidate among every forced backend, the libraries' "
                                f"own calls and {PLAIN}; selected = {AUTO}; confirmed = {AUTO} raced again, head "
