@@ -73,7 +73,66 @@ class Fake:
         _flash_attn_fwd.compile_cache = cache
         mod = types.ModuleType("flash_attn.cute.interface")
         mod._flash_attn_fwd = _flash_attn_fwd
+        self.make_backward(mod)
         return mod
+
+    def make_backward(self, mod):
+        """FA4's backward's shape: dq/dk/dv and float32 work buffers allocated (a zero-filled dk accumulator), then
+        a preprocess, the main kernel and a postprocess, each from its own JIT cache."""
+        fake = self
+        self.bwd_host_calls = 0
+        self.bwd_calls = []
+        self.bwd_mode = "plain"
+
+        def pre_kernel(dq_accum):
+            with _disable_current_modes():
+                dq_accum.zero_()
+
+        def main_kernel(q, k, v, dout, scale, dq_accum, dk_accum, dv):
+            with _disable_current_modes():
+                with torch.enable_grad():
+                    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+                    gq, gk, gv = torch.autograd.grad(_reference(q64, k64, v64, scale), (q64, k64, v64), dout.double())
+                dq_accum.add_(gq.float())
+                dk_accum.add_(gk.float())  # an accumulator that must start at zero
+                dv.copy_(gv.to(dv.dtype))
+
+        def post_kernel(accum, output):
+            with _disable_current_modes():
+                output.copy_(accum.to(output.dtype))
+
+        def jit(name, kernel):
+            def launch(key, *args):
+                if key not in launch.compile_cache:
+                    launch.compile_cache[key] = kernel
+                launch.compile_cache[key](*args)
+            launch.__name__ = name
+            launch.compile_cache = {}
+            setattr(mod, name, launch)
+            return launch
+
+        pre, post, main = jit("_bwd_preprocess", pre_kernel), jit("_bwd_postprocess_convert", post_kernel), None
+
+        def _flash_attn_bwd(q, k, v, out, dout, lse, softmax_scale=None, causal=False, softcap=0.0, **kw):
+            fake.bwd_host_calls += 1
+            fake.bwd_calls.append({"out": out, "lse": lse, "scale": softmax_scale, "causal": causal,
+                                   "softcap": softcap, **kw})
+            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            dq_accum = torch.empty(q.shape, dtype=torch.float32)
+            dk_accum = torch.zeros(k.shape, dtype=torch.float32)
+            key = (tuple(q.shape), q.dtype)
+            pre(key, dq_accum)
+            d = dout * 1.0 if fake.bwd_mode == "other" else dout  # an aten op of FA4's own on the call's data
+            if key not in _flash_attn_bwd.compile_cache:
+                _flash_attn_bwd.compile_cache[key] = main_kernel
+            _flash_attn_bwd.compile_cache[key](q, k, v, d, softmax_scale, dq_accum, dk_accum, dv)
+            post(key, dq_accum, dq)
+            post(key, dk_accum, dk)
+            return dq, dk, dv
+
+        _flash_attn_bwd.compile_cache = {}
+        mod._flash_attn_bwd = _flash_attn_bwd
+        del main
 
 
 @pytest.fixture
@@ -213,9 +272,17 @@ def test_the_watched_caches_are_restored_even_when_fa4_raises(fake):
     del orig
 
 
-def test_backend_keeps_fa4s_autograd_function_for_calls_that_need_a_backward(fake, monkeypatch):
-    """flash_attn4's eager runner: inputs that require grad go through flash_attn_func (FA4's autograd.Function,
-    its backward); the same call without grad goes through the replay."""
+def _reference(q, k, v, scale):
+    g = q.shape[-2] // k.shape[-2]
+    kk, vv = k.repeat_interleave(g, -2), v.repeat_interleave(g, -2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, kk) * scale
+    return torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), vv)
+
+
+def test_training_calls_replay_the_forward_and_run_fa4s_backward(fake, monkeypatch):
+    """flash_attn4's eager runner: inputs that require grad go through fa4_ops.eager_function: its forward is the
+    replayed one (FA4's host path runs only to compile, record and verify), its backward FA4's `_flash_attn_bwd`
+    with the forward's own out and log-sum-exp; FA4's flash_attn_func (its whole host path) is never called."""
     from attnkit.runtime.backends.flash_attn4 import FlashAttn4
     from attnkit.runtime.call import Inputs
 
@@ -226,9 +293,110 @@ def test_backend_keeps_fa4s_autograd_function_for_calls_that_need_a_backward(fak
     inputs = Inputs(q, k, v, softmax_scale=0.3)
     call = inputs.describe()
     run = FlashAttn4().bind(call, inputs.params(call), q, k, v)
-    run(q.requires_grad_(), k, v)
-    assert used == ["func"] and fake.host_calls == 0
+    for i in range(5):
+        qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        out = run(qg, kg, vg)
+        dout = torch.randn_like(out)
+        out.backward(dout)
+        q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+        ref = _reference(q64, k64, v64, 0.3)
+        ref.backward(dout.double())
+        assert torch.allclose(out.double(), ref, atol=1e-5)
+        for got, want in ((qg.grad, q64.grad), (kg.grad, k64.grad), (vg.grad, v64.grad)):
+            assert got is not None and got.shape == want.shape and torch.allclose(got.double(), want, atol=1e-5)
+        if i < 3:  # FA4's own backward ran (compile, record, verify): it got the forward's own out and lse
+            seen = fake.bwd_calls[-1]
+            assert seen["lse"] is not None and seen["lse"].shape == (2, 4, 5) and seen["out"].shape == out.shape
+            assert torch.equal(seen["out"], out.detach()) and seen["deterministic"] is False and seen["scale"] == 0.3
+    assert used == [] and len(fake.bwd_calls) == 3  # backward: compile, record, verify; calls 4 and 5 replayed
+    assert fake.host_calls == 3  # forward: compile, record, verify: calls 4 and 5 replayed
+    assert fa4_replay.stats()["replayed"] == 4
+    with torch.no_grad():  # the same call without grad: the replay without a log-sum-exp, another signature
+        run(q, k, v)
+    assert used == [] and fake.host_calls == 4
+
+
+def test_switched_off_the_backend_calls_fa4s_own_functions(fake, monkeypatch):
+    """ATTNKIT_FA4_REPLAY=0: every call goes through flash_attn_func, FA4's own autograd.Function."""
+    from attnkit.runtime.backends.flash_attn4 import FlashAttn4
+    from attnkit.runtime.call import Inputs
+
+    monkeypatch.setenv(fa4_replay.ENV, "0")
+    used = []
+    cute = sys.modules["flash_attn.cute"]
+    cute.flash_attn_func = lambda q, k, v, **kw: (used.append(kw), (q.clone(), None))[1]
+    q, k, v = _qkv()
+    inputs = Inputs(q, k, v, softmax_scale=0.3)
+    call = inputs.describe()
+    run = FlashAttn4().bind(call, inputs.params(call), q, k, v)
+    run(q.clone().requires_grad_(), k, v)
     with torch.no_grad():
         run(q, k, v)
-    run(q.detach(), k, v)
-    assert used == ["func"] and fake.host_calls == 2
+    assert len(used) == 2 and used[0]["softmax_scale"] == 0.3 and fake.host_calls == 0
+
+
+def _bwd(fake, q, k, v, scale=0.3):
+    out, lse = _fwd(q, k, v, softmax_scale=scale, return_lse=True)
+    dout = torch.randn_like(out)
+    return fa4_replay.backward(dout, q, k, v, out, lse, softmax_scale=scale, causal=False, softcap=0.0,
+                               window_size_left=None, window_size_right=None), (out, dout)
+
+
+def _bwd_reference(q, k, v, dout, scale=0.3):
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    return torch.autograd.grad(_reference(q64, k64, v64, scale), (q64, k64, v64), dout.double())
+
+
+def test_backward_records_allocations_fills_and_three_launches_then_replays_them(fake):
+    q, k, v = _qkv()
+    for _ in range(6):
+        grads, (_, dout) = _bwd(fake, q, k, v)
+        for got, want in zip(grads, _bwd_reference(q, k, v, dout), strict=True):
+            assert torch.allclose(got.double(), want, atol=1e-5)
+    assert fake.bwd_host_calls == 3  # compile, record, verify; then 3 replays
+    plan = next(p for p in fa4_replay._PLANS.values() if isinstance(p, fa4_replay.StepPlan))
+    kinds = [st[0] for st in plan.steps]
+    assert kinds.count("alloc") == 5 and kinds.count("launch") == 4 and plan.verified
+    zero = [st for st in plan.steps if st[0] == "fill"]  # dk's accumulator is zero-filled on every replay
+    assert zero == [("fill", 4, 0)] and plan.outputs == (0, 1, 2)
+    launch_names = [st[1] for st in plan.steps if st[0] == "launch"]
+    assert launch_names == ["_bwd_preprocess", "_flash_attn_bwd", "_bwd_postprocess_convert",
+                            "_bwd_postprocess_convert"]
+
+
+def test_a_backward_running_other_aten_ops_stays_on_fa4s_own_path(fake):
+    fake.bwd_mode = "other"
+    q, k, v = _qkv()
+    for _ in range(4):
+        grads, (_, dout) = _bwd(fake, q, k, v)
+    assert fake.bwd_host_calls == 4
+    assert any("ran mul" in r for r in fa4_replay.stats()["refusals"]), fa4_replay.stats()["refusals"]
+    for got, want in zip(grads, _bwd_reference(q, k, v, dout), strict=True):
+        assert torch.allclose(got.double(), want, atol=1e-5)
+
+
+def test_a_backward_plan_missing_its_zero_fill_is_dropped_at_verification(fake):
+    q, k, v = _qkv()
+    _bwd(fake, q, k, v)
+    _bwd(fake, q, k, v)  # recorded
+    plan = next(p for p in fa4_replay._PLANS.values() if isinstance(p, fa4_replay.StepPlan))
+    # the accumulator's fill replaced by a fill with garbage: its replay sums onto it
+    plan.steps = tuple(("fill", st[1], 7.0) if st[0] == "fill" else st for st in plan.steps)
+    for _ in range(3):
+        grads, (_, dout) = _bwd(fake, q, k, v)
+    s = fa4_replay.stats()
+    assert any("differ from FlashAttention-4's own backward" in r for r in s["refusals"]), s["refusals"]
+    assert fake.bwd_host_calls == 5
+    for got, want in zip(grads, _bwd_reference(q, k, v, dout), strict=True):
+        assert torch.allclose(got.double(), want, atol=1e-5)
+
+
+def test_close_allows_rounding_but_not_a_wrong_gradient():
+    b = torch.randn(64, 32).to(torch.bfloat16)
+    ulp = b.float() * (1 + 2 ** -8)  # one bfloat16 step up, where rounding of reordered atomics lands
+    assert fa4_replay._close(ulp.to(torch.bfloat16), b)
+    assert not fa4_replay._close((b.float() * 1.1).to(torch.bfloat16), b)
+    assert not fa4_replay._close(b.float().to(torch.bfloat16), b.float())  # another dtype
+    nan = b.clone()
+    nan[0, 0] = float("nan")
+    assert not fa4_replay._close(nan, b)

@@ -30,8 +30,9 @@ for step in $STEPS; do
   case $step in
   install)
     if [ ! -f /root/fa4/.installed ]; then
-      part1=.fa4b/libs.part.01; [ -f "$part1" ] || part1=/root/fa4/libs.part.01   # staged by an earlier call
-      cat /root/fa4/libs.part.00 "$part1" > /tmp/libs.tar.xz || exit 1
+      # the bundle's parts: staged in /root/fa4 by earlier calls, or carried with this one (.fa4b, .fa4d)
+      for part in .fa4?/libs.part.*; do [ -f "$part" ] && cp "$part" /root/fa4/; done
+      cat /root/fa4/libs.part.* > /tmp/libs.tar.xz || exit 1
       [ "$(sha256sum /tmp/libs.tar.xz | cut -d' ' -f1)" = "$(cat /root/fa4/libs.sha256)" ] || { echo "fa4 libs: sha256 mismatch"; exit 1; }
       tar xJf /tmp/libs.tar.xz -C "$site" && rm /tmp/libs.tar.xz
       python3 -m pip install -q --no-index --no-deps --no-compile /root/fa4/*.whl || exit 1

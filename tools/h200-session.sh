@@ -3,10 +3,12 @@
 # commands waiting on each other (the machine is held while a command runs and kept 30 s after it).
 #   prep      call 1 (carry .fa4a .oracle .whlA): FlashAttention-4's first half and flash-attn's tests file to
 #             /root, pydantic installed (.whlA may come with `stage` instead)
-#   stage     optional call 2 (carry .fa4b [.whlA]) when the tree is too large for .fa4b and .whl in one call:
-#             the second half to /root/fa4, for `start` to find there
+#   stage     optional call 2, and 3 (carry .fa4b [.whlA], then .fa4d) when the tree is too large for .fa4b and .whl
+#             in one call: the bundle's later parts to /root/fa4, for `start` to find there (a tree of 36 MB on
+#             2026-12-03: the libs in three 22 MB parts, `split 3`)
 #             (a tree over ~22 MB leaves no room for .fa4a's small wheels beside its part: `tools/h200-session.sh
-#             split` moves them to .fa4c, which then travels with `start`, and `start` copies them to /root/fa4)
+#             split` moves them to .fa4c, which then travels with `start`, and `start` copies them to /root/fa4;
+#             `split 3` also cuts the libs into three parts, for a tree over ~30 MB)
 #   start     call 2 (carry .fa4b .whl [.fa4c]): FlashAttention-4 installed (tools/h200-runtime.sh install), the tree's
 #             src/ copied to $S/src, then `job` started under setsid; then as `wait`. TUNE_FROM=FILE resumes
 #             an earlier session's sweep (docs/results/*-h200-tune-*.jsonl); ORACLE_RESUME=FILE an earlier
@@ -24,7 +26,10 @@
 #               (ORACLE_FORCED s; 0 leaves it out), merged;
 #             hf: the HF training step eager and compiled (HF_S s); compiled: bench --compiled (COMPILED_S s);
 #             replay: FA4's forward replay, exact and timed (tools/probe-fa4-replay.py, REPLAY_S s);
+#             train: FA4's training path replayed (forward and backward), close and timed (tools/probe-fa4-train.py,
+#               TRAIN_S s);
 #             refresh: TUNE_FROM's forward passes that FA4 ran (REFRESH_FROM's only, when set), timed again
+#               (REFRESH_KIND=train: the training cases near the cuDNN / FA4 crossover instead, both passes)
 #               (compile REFRESH_COMPILE s, timed REFRESH_BUDGET s) and merged over TUNE_FROM into
 #               $R/selection/sm90.json;
 #             tune: the plan's JIT kernels (FA4, flex) and the held-out shapes' compiled by 16 CPU shards
@@ -41,7 +46,7 @@ S=${ATTNKIT_SESSION_DIR:-/root/attnkit-session}
 OUT=${OUT:-/tmp/out}; R=$S/results
 [ "${1:-wait}" = split ] || mkdir -p "$OUT" "$R"   # split runs here, before the session: it writes only .fa4c
 ORACLE_OWN=${ORACLE_OWN:-360}; ORACLE_FORCED=${ORACLE_FORCED:-300}; TUNE_COMPILE=${TUNE_COMPILE:-200}
-TUNE_BUDGET=${TUNE_BUDGET:-300}; VALIDATE_S=${VALIDATE_S:-240}; HF_S=${HF_S:-300}; COMPILED_S=${COMPILED_S:-240}; REPLAY_S=${REPLAY_S:-240}; REFRESH_COMPILE=${REFRESH_COMPILE:-150}; REFRESH_BUDGET=${REFRESH_BUDGET:-280}; SHARDS=${SHARDS:-16}
+TUNE_BUDGET=${TUNE_BUDGET:-300}; VALIDATE_S=${VALIDATE_S:-240}; HF_S=${HF_S:-300}; COMPILED_S=${COMPILED_S:-240}; REPLAY_S=${REPLAY_S:-240}; TRAIN_S=${TRAIN_S:-240}; REFRESH_COMPILE=${REFRESH_COMPILE:-150}; REFRESH_BUDGET=${REFRESH_BUDGET:-280}; SHARDS=${SHARDS:-16}
 step=${1:-wait}
 
 phase() { echo "$(date +%T) $*" | tee -a "$R/phases.log"; }
@@ -150,21 +155,22 @@ refresh() {
   # compile shards first (--compile-only --refresh-fwd), then the timed run over what they compiled, merged with
   # TUNE_FROM (a refreshed case's forward pass replaces the old one; its fwd+bwd stays)
   # REFRESH_FROM=<tune lines in the tree>: only those cases' forwards (copied by `start`), merged over TUNE_FROM
-  local from=$R/tune.jsonl
+  local from=$R/tune.jsonl refresh_flag=--refresh-fwd
   [ -n "${REFRESH_FROM:-}" ] && from=$R/refresh-from.jsonl
+  [ "${REFRESH_KIND:-fwd}" = train ] && refresh_flag=--refresh-train   # tune.refresh_cases says which cases
   if [ ! -s "$R/tune.jsonl" ]; then phase "skipped: refresh (no TUNE_FROM)"; return; fi
   if on "$REFRESH_BUDGET" "fa4 forward refresh" && on "$REFRESH_COMPILE" "fa4 forward refresh (compile)"; then
   phase "refresh compile"
   mkdir -p "$R/refresh" "$R/selection"
   local i pids=()
   for i in $(seq 1 "$SHARDS"); do
-    TORCHINDUCTOR_COMPILE_THREADS=1 timeout -k 15 "$REFRESH_COMPILE" $ak tune --compile-only --refresh-fwd "$from" \
+    TORCHINDUCTOR_COMPILE_THREADS=1 timeout -k 15 "$REFRESH_COMPILE" $ak tune --compile-only "$refresh_flag" "$from" \
       --shard "$i/$SHARDS" --out "$R/refresh.jsonl" --resume > "$R/refresh/compile-$i.log" 2>&1 < /dev/null &
     pids+=($!)
   done
   wait "${pids[@]}"
   phase "refresh timed"
-  $ak tune --refresh-fwd "$from" --out "$R/refresh.jsonl" --resume --budget "$REFRESH_BUDGET" --only-compiled \
+  $ak tune "$refresh_flag" "$from" --out "$R/refresh.jsonl" --resume --budget "$REFRESH_BUDGET" --only-compiled \
     > "$R/refresh/tune.log" 2>&1
   phase "refresh rc=$? ($(grep -c '"shape"' "$R/refresh.jsonl" 2>/dev/null) cases)"
   $ak tune --merge "$R/tune.jsonl" "$R/refresh.jsonl" --table "$R/selection/sm90.json" --png "$R/tune-winners.png" \
@@ -180,6 +186,16 @@ replay() {
   phase "fa4 replay probe"
   timeout -k 15 "$REPLAY_S" python3 tools/probe-fa4-replay.py "$R/fa4-replay.json" > "$R/fa4-replay.log" 2>&1
   phase "fa4 replay probe rc=$? ($(grep -c '^exact' "$R/fa4-replay.log") exact, $(grep -c '^timed' "$R/fa4-replay.log") timed)"
+  fi
+}
+
+train() {
+  # FlashAttention-4's training path with forward and backward replayed (fa4_ops.eager_function): forward bitwise and
+  # gradients within rounding of FA4's own call on a grid, and fwd+bwd timed (tools/probe-fa4-train.py, TRAIN_S s)
+  if on "$TRAIN_S" "fa4 training replay probe"; then
+  phase "fa4 training replay probe"
+  timeout -k 15 "$TRAIN_S" python3 tools/probe-fa4-train.py "$R/fa4-train.json" > "$R/fa4-train.log" 2>&1
+  phase "fa4 training replay probe rc=$? ($(grep -c '^close' "$R/fa4-train.log") close, $(grep -c '^timed' "$R/fa4-train.log") timed)"
   fi
 }
 
@@ -203,7 +219,9 @@ tune() {
   fi
   if [ -s "$R/tune.jsonl" ]; then   # this session's sweep, or TUNE_FROM's alone: the table validate decides from
   mkdir -p "$R/selection" "$R/tune"
-  $ak tune --merge "$R/tune.jsonl" --table "$R/selection/sm90.json" --png "$R/tune-winners.png" > "$R/tune/merge.log" 2>&1
+  # a refresh phase before this one: its lines go last, so its passes replace the old ones (tune.latest_passes)
+  $ak tune --merge "$R/tune.jsonl" $([ -s "$R/refresh.jsonl" ] && echo "$R/refresh.jsonl") \
+    --table "$R/selection/sm90.json" --png "$R/tune-winners.png" > "$R/tune/merge.log" 2>&1
   phase "tune merged rc=$?"
   fi
   if [ ! -s "$R/selection/sm90.json" ]; then phase "skipped: validate (no table: no sweep ran and no TUNE_FROM)"
@@ -219,7 +237,7 @@ job() {
   local p
   for p in ${ORDER:-checks hf compiled tune}; do
     [ "$p" = tune ] || table_in_use   # every phase after a sweep runs on its table
-    case $p in checks|hf|compiled|tune|replay|refresh) $p ;; *) phase "skipped: unknown phase '$p' in ORDER (checks hf compiled tune replay refresh)" ;; esac
+    case $p in checks|hf|compiled|tune|replay|refresh|train) $p ;; *) phase "skipped: unknown phase '$p' in ORDER (checks hf compiled tune replay refresh train)" ;; esac
   done
   phase "DONE"
 }
@@ -239,13 +257,23 @@ case $step in
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
     python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name())" ;;
   stage)   # when the tree and both bundle halves do not fit one call's 64 MiB: .fa4b (+ .whlA) now, .whl with start
-    cp .fa4b/libs.part.01 /root/fa4/ || exit 1
+    ls .fa4?/libs.part.* > /dev/null 2>&1 || { echo "stage: no bundle part carried (.fa4b or .fa4d)"; exit 1; }
+    for part in .fa4?/libs.part.*; do cp "$part" /root/fa4/ || exit 1; done
     if [ -d .whlA ]; then python3 -m pip install -q --no-index --no-deps --no-compile .whlA/*.whl || exit 1; fi
     ls -la /root/fa4 | tail -3 ;;
   split)   # here, before the session: .fa4a's small wheels to .fa4c (2026-12-02: a 26 MB tree + .fa4a was 66 MiB)
     mkdir -p .fa4c && { ! ls .fa4a/*.whl > /dev/null 2>&1 || mv .fa4a/*.whl .fa4c/; } || exit 1
     grep -qx "/.fa4c/" .git/info/exclude 2>/dev/null || echo "/.fa4c/" >> .git/info/exclude
-    du -sh .fa4a .fa4c ;;
+    if [ "${2:-2}" = 3 ] && [ -f .fa4b/libs.part.01 ] && [ ! -f .fa4d/libs.part.02 ]; then
+      # `split 3`: the libs in three parts (.fa4a, .fa4b, .fa4d), each with a tree of up to ~40 MB under 64 MiB
+      tmp=$(mktemp -d) && cat .fa4a/libs.part.00 .fa4b/libs.part.01 > "$tmp/libs.tar.xz" &&
+        [ "$(sha256sum "$tmp/libs.tar.xz" | cut -d' ' -f1)" = "$(cat .fa4a/libs.sha256)" ] &&
+        (cd "$tmp" && split -n 3 -d libs.tar.xz part.) && mkdir -p .fa4d &&
+        mv "$tmp/part.00" .fa4a/libs.part.00 && mv "$tmp/part.01" .fa4b/libs.part.01 && mv "$tmp/part.02" .fa4d/libs.part.02
+      rc=$?; rm -rf "$tmp"; [ $rc = 0 ] || exit 1
+      grep -qx "/.fa4d/" .git/info/exclude 2>/dev/null || echo "/.fa4d/" >> .git/info/exclude
+    fi
+    du -sh .fa4?/ ;;
   start)
     if [ -d .fa4c ]; then cp .fa4c/*.whl /root/fa4/ || exit 1; fi   # the small wheels, when `split` moved them
     OUT=$OUT bash tools/h200-runtime.sh install || exit 1

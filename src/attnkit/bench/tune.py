@@ -312,23 +312,41 @@ def decision_order(result: dict[str, Any], ps: str) -> list[str]:
 
 # -- run, resume, merge --------------------------------------------------------------------------------------------
 
-REFRESHED_BY = "flash_attn4"  # the backend whose forward host path changed (runtime/backends/fa4_replay.py)
+REFRESHED_BY = "flash_attn4"  # the backend whose host path changed (runtime/backends/fa4_replay.py, fa4_ops.py)
+REFRESH_KINDS = ("fwd", "train")
+REFRESH_TRAIN_WORK = (31.0, 37.0)  # `train` refresh: where cuDNN and FA4 cross in fwd+bwd (2026-12-03 validate)
+REFRESH_TRAIN_NEAR = 1.3  # ... and FA4 a contender there: within 1.3x of the fastest fwd+bwd (scores): 80 cases, ~260 s
 
 
-def refresh_cases(files: list[Path]) -> list[Shape]:
-    """The recorded cases whose forward FlashAttention-4 ran, as forward-only shapes under their own labels: its
-    forward replay (fa4_replay) took ~50-60 us of host time off each call on the H200 (2026-12-02), so those
-    forward measurements no longer hold; a later line's passes replace an earlier's in --merge (`latest_passes`),
-    so the fwd+bwd measurements stay."""
+def refresh_cases(files: list[Path], kind: str = "fwd") -> list[Shape]:
+    """Recorded cases to time again under their own labels, because FlashAttention-4's host path changed; a later
+    line's passes replace an earlier's in --merge (`latest_passes`), so what is not timed again stays.
+    - fwd: the cases whose forward FA4 ran, forward only: its forward replay (fa4_replay) took ~50-60 us of host
+      time off each call on the H200 (2026-12-02).
+    - train: the basic half-precision training cases at REFRESH_TRAIN_WORK whose fwd+bwd FA4 ran within
+      REFRESH_TRAIN_NEAR of the fastest, both passes: FA4's training path now replays its forward too
+      (fa4_ops.eager_function; before, autograd calls ran FA4's whole forward host path), and those are the
+      points where cuDNN and FA4 trade places."""
+    if kind not in REFRESH_KINDS:
+        raise ValueError(f"refresh kind {kind!r}: one of {', '.join(REFRESH_KINDS)}")
     out: dict[str, Shape] = {}
-    for f in files:
-        for r in _read_lines(f):
-            if "shape" in r and "fwd" in r.get("ms", {}).get(f"attnkit:{REFRESHED_BY}", {}):
-                d = dict(r["shape"])
-                for k in ("window", "lengths", "lengths_k"):
-                    if d.get(k) is not None:
-                        d[k] = tuple(d[k])
-                out[d["label"]] = Shape(**{**d, "train": False})
+    lo, hi = REFRESH_TRAIN_WORK
+    for r in latest_passes([r for f in files for r in _read_lines(f) if "shape" in r]):
+        d = dict(r["shape"])
+        if kind == "fwd":
+            if "fwd" not in r.get("ms", {}).get(f"attnkit:{REFRESHED_BY}", {}):
+                continue
+            d["train"] = False
+        else:
+            fa4 = scores(r, "fwdbwd").get(REFRESHED_BY)
+            plain = not (d.get("window") or d.get("lengths") or d.get("alibi") or d.get("softcap"))
+            if not (fa4 is not None and fa4 <= REFRESH_TRAIN_NEAR and plain and d.get("dtype") in HALF
+                    and lo <= r.get("log2_work", 0) <= hi):
+                continue
+        for k in ("window", "lengths", "lengths_k"):
+            if d.get(k) is not None:
+                d[k] = tuple(d[k])
+        out[d["label"]] = Shape(**d)
     return list(out.values())
 
 
@@ -384,16 +402,16 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
 
 def run(out: Path, shard: tuple[int, int] = (1, 1), budget_s: float = 1500.0, quick: bool = False,
         refine_from: list[Path] | None = None, max_cases: int | None = None, say: Any = print,
-        only_compiled: bool = False, refresh: list[Path] | None = None) -> dict[str, Any]:
+        only_compiled: bool = False, refresh: list[Path] | None = None, refresh_kind: str = "fwd") -> dict[str, Any]:
     """Measure this shard's cases not yet in `out` (JSON lines: a header line, then one line per case).
-    `refresh`: instead of the plan, the forward pass of those files' cases that FlashAttention-4 ran (`refresh_cases`).
+    `refresh`: instead of the plan, those files' cases that `refresh_cases` picks for `refresh_kind`.
     `only_compiled`: just the cases the compile phase finished (compiled_path), so no JIT compile lands in the
     timed budget; the rest wait for a later session's compile phase (--resume)."""
     from attnkit.bench.timer import warm_gpu
     device = measuring_device("tune")
     grid = QUICK if (quick or device == "cpu") else FEATURES
     if refresh:
-        cases = refresh_cases(refresh)
+        cases = refresh_cases(refresh, refresh_kind)
     elif refine_from:
         prior = [r for f in refine_from for r in _read_lines(f) if "shape" in r]
         cases = refine(prior, grid)
@@ -405,7 +423,8 @@ def run(out: Path, shard: tuple[int, int] = (1, 1), budget_s: float = 1500.0, qu
     done = {r["shape"]["label"] for r in done_lines if "shape" in r}
     header = {"header": True, "schema": SCHEMA, "environment": environment(), "device": device,
               "grid": {k: list(v) for k, v in grid.items()}, "shard": f"{i}/{n}", "planned": len(mine),
-              "refine": [str(f) for f in refine_from or []], "refresh": [str(f) for f in refresh or []]}
+              "refine": [str(f) for f in refine_from or []], "refresh": [str(f) for f in refresh or []],
+              **({"refresh_kind": refresh_kind} if refresh else {})}
     if not done_lines:
         write_atomic(out, json.dumps(header, default=str) + "\n")
     todo = [s for s in mine if s.label not in done]
@@ -483,7 +502,7 @@ def compiled_labels(out: Path) -> set[str]:
 
 def compile_only(shard: tuple[int, int] = (1, 1), quick: bool = False, max_cases: int | None = None,
                  say: Any = print, skip_done: Path | None = None,
-                 refresh: list[Path] | None = None) -> dict[str, Any]:
+                 refresh: list[Path] | None = None, refresh_kind: str = "fwd") -> dict[str, Any]:
     """Run the held-out shapes, then every case of this shard's plan, once per pass and backend that compiles
     (`Backend.compiles`), untimed: the JIT compiles (FlashAttention-4, flex) land in their disk caches. JIT compiling is CPU work: shards of this run side by side on one GPU machine
     while the timed run, which must have the GPU alone, comes after and finds every kernel compiled.
@@ -501,7 +520,7 @@ def compile_only(shard: tuple[int, int] = (1, 1), quick: bool = False, max_cases
     # the held-out shapes first (validate times every candidate there, the libraries' own calls too: on
     # 2026-12-01 it ran 5 of 11 shapes in 150 s, compiling), then the plan's cases not yet measured
     held_out = [] if refresh else validation_shapes(grid is QUICK)
-    todo = refresh_cases(refresh) if refresh else plan(grid)
+    todo = refresh_cases(refresh, refresh_kind) if refresh else plan(grid)
     cases = [*held_out, *(s for s in todo if s.label not in done)][i - 1::n][:max_cases]
     failed, left = 0, 0
     deferred: list[Shape] = []

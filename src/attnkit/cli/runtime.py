@@ -87,7 +87,7 @@ def _cmd_tune(a: argparse.Namespace) -> int:
                              f"--compile-only --out {a.out} --resume` first)")
     if a.rescore:
         other = other_mode("--merge", "--validate", "--plan", "--compile-only", "--refine", "--resume", "--cross-check",
-                           "--refresh-fwd", "--table")
+                           "--refresh-fwd", "--refresh-train", "--table")
         if other is not None:
             raise UsageError(f"--rescore: not with {other} (it reads a finished --validate report and runs nothing; "
                              "ATTNKIT_SELECTION_DIR chooses the table it decides from)")
@@ -149,16 +149,20 @@ def _cmd_tune(a: argparse.Namespace) -> int:
             print(s.label)
         print(f"{len(mine)} cases", file=sys.stderr)
         return 0
-    missing = next((f for f in a.refresh_fwd or () if not Path(f).is_file()), None)
+    if a.refresh_fwd and a.refresh_train:
+        raise UsageError("--refresh-train: not with --refresh-fwd (one kind of refresh a run)")
+    flag, files, kind = (("--refresh-train", a.refresh_train, "train") if a.refresh_train
+                         else ("--refresh-fwd", a.refresh_fwd, "fwd"))
+    missing = next((f for f in files or () if not Path(f).is_file()), None)
     if missing is not None:
-        raise UsageError(f"--refresh-fwd: {missing}: no such file (give earlier `attnkit tune --out` files)")
-    if a.refresh_fwd and a.refine:
-        raise UsageError("--refresh-fwd: not with --refine (it times the given files' cases again, not new ones)")
-    refresh = [Path(f) for f in a.refresh_fwd] if a.refresh_fwd else None
+        raise UsageError(f"{flag}: {missing}: no such file (give earlier `attnkit tune --out` files)")
+    if files and a.refine:
+        raise UsageError(f"{flag}: not with --refine (it times the given files' cases again, not new ones)")
+    refresh = [Path(f) for f in files] if files else None
     if a.compile_only:
         skip = Path(a.out) if a.out and a.resume else None  # --out --resume: the cases the timed run still has
         print(json.dumps(tune.compile_only(shard=a.shard or (1, 1), quick=a.quick, max_cases=a.max_cases,
-                                           skip_done=skip, refresh=refresh)))
+                                           skip_done=skip, refresh=refresh, refresh_kind=kind)))
         return 0
     if not a.out:
         raise UsageError("--out: required (the JSON-lines file this shard's results are appended to)")
@@ -170,7 +174,7 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         raise UsageError(f"--out: {out} exists; pass --resume to continue it, or choose a new file")
     res = tune.run(out, shard=a.shard or (1, 1), budget_s=a.budget, quick=a.quick,
                    refine_from=[Path(f) for f in a.refine] if a.refine else None, max_cases=a.max_cases,
-                   only_compiled=a.only_compiled, refresh=refresh)
+                   only_compiled=a.only_compiled, refresh=refresh, refresh_kind=kind)
     print(json.dumps(res))
     return 0
 
@@ -248,6 +252,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     tu.add_argument("--refine", nargs="+", metavar="FILE", help="measure midpoints where these results' winners change")
     tu.add_argument("--refresh-fwd", nargs="+", metavar="FILE", help="time again the forward pass of these results' "
                     "cases that FlashAttention-4 ran (its forward replay changed it); --merge lets them replace it")
+    tu.add_argument("--refresh-train", nargs="+", metavar="FILE", help="time again both passes of these results' "
+                    "half-precision training cases near the cuDNN / FlashAttention-4 crossover (its training path "
+                    "changed); --merge lets them replace the old ones")
     tu.add_argument("--plan", action="store_true", help="print the planned cases (of --shard) and their count")
     tu.add_argument("--compile-only", action="store_true", help="run each case once, untimed, so JIT kernels are "
                                                                "compiled into their disk caches (shards side by side)")

@@ -29,8 +29,6 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from attnkit.runtime import loaders
-
 NS = "attnkit"
 _ARGS = ("Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, float softmax_scale, "
          "bool causal, int window_left, int window_right, float softcap")
@@ -69,45 +67,17 @@ def ops() -> Any:
     def fa4_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
                 max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
                 window_right: int, softcap: float) -> tuple[Tensor, Tensor]:
-        from attnkit.runtime.backends.fa4_replay import forward  # FA4's host path recorded once per signature
-
-        varlen = cu_seqlens_q is not None
-        return forward(
-            q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-            max_seqlen_q=max_seqlen_q if varlen else None, max_seqlen_k=max_seqlen_k if varlen else None,
-            softmax_scale=softmax_scale, causal=causal, softcap=softcap,  # as FlashAttnFunc passes it (0.0 = off)
-            window_size_left=_window(window_left), window_size_right=_window(window_right), return_lse=True)
+        return forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                       window_left, window_right, softcap, lse=True)
 
     def fa4_fwd_infer(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
                       max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
                       window_right: int, softcap: float) -> Tensor:
-        from attnkit.runtime.backends.fa4_replay import forward
-
-        varlen = cu_seqlens_q is not None
-        return forward(
-            q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-            max_seqlen_q=max_seqlen_q if varlen else None, max_seqlen_k=max_seqlen_k if varlen else None,
-            softmax_scale=softmax_scale, causal=causal, softcap=softcap,
-            window_size_left=_window(window_left), window_size_right=_window(window_right))[0]
-
-    def fa4_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Tensor | None,
-                cu_seqlens_k: Tensor | None, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
-                causal: bool, window_left: int, window_right: int, softcap: float,
-                deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
-        loaders.load_fa4()
-        from flash_attn.cute.interface import _flash_attn_bwd
-
-        varlen = cu_seqlens_q is not None
-        dq, dk, dv = _flash_attn_bwd(
-            q, k, v, out, dout.contiguous(), lse, softmax_scale, causal, softcap,
-            window_size_left=_window(window_left), window_size_right=_window(window_right),
-            cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-            max_seqlen_q=max_seqlen_q if varlen else None, max_seqlen_k=max_seqlen_k if varlen else None,
-            deterministic=deterministic)[:3]
-        return dq, dk, dv
+        return forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                       window_left, window_right, softcap, lse=False)[0]
 
     lib.impl("fa4_fwd", fa4_fwd, "CUDA")
-    lib.impl("fa4_bwd", fa4_bwd, "CUDA")
+    lib.impl("fa4_bwd", backward_kernels, "CUDA")
     lib.impl("fa4_fwd_infer", fa4_fwd_infer, "CUDA")
 
     def fwd_fake(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
@@ -155,3 +125,63 @@ def fake_outputs(q: Any, v: Any, varlen: bool) -> tuple[Any, Any]:
     else:  # (batch, seqlen_q, heads, d) -> lse (batch, heads, seqlen_q)
         lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
     return out, lse
+
+
+def forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: int, max_seqlen_k: int,
+            softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float, *,
+            lse: bool) -> tuple[Any, Any]:
+    """FA4's forward (out, lse) in the ops' arguments, through fa4_replay (FA4's host path recorded once per
+    signature, then replayed): the one forward that the ops and the eager autograd path (`eager_function`) share."""
+    from attnkit.runtime.backends.fa4_replay import forward as replayed
+
+    varlen = cu_seqlens_q is not None
+    return replayed(
+        q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q if varlen else None, max_seqlen_k=max_seqlen_k if varlen else None,
+        softmax_scale=softmax_scale, causal=causal, softcap=softcap,  # as FlashAttnFunc passes it (0.0 = off)
+        window_size_left=_window(window_left), window_size_right=_window(window_right), return_lse=lse)
+
+
+def backward_kernels(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
+                     max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
+                     window_right: int, softcap: float, deterministic: bool) -> tuple[Any, Any, Any]:
+    """FA4's backward (dq, dk, dv) as FlashAttnFunc's backward calls it, its host path replayed (fa4_replay.backward):
+    the fa4_bwd op's kernel, and `eager_function`'s backward."""
+    from attnkit.runtime.backends.fa4_replay import backward  # FA4's backward host path recorded, replayed
+
+    varlen = cu_seqlens_q is not None
+    return backward(
+        dout.contiguous(), q, k, v, out, lse, softmax_scale=softmax_scale, causal=causal, softcap=softcap,
+        window_size_left=_window(window_left), window_size_right=_window(window_right),
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q if varlen else None, max_seqlen_k=max_seqlen_k if varlen else None,
+        deterministic=deterministic)
+
+
+@functools.cache
+def eager_function() -> Any:
+    """FA4 with autograd in eager mode: the forward through fa4_replay, the backward FA4's own.
+
+    FA4's `flash_attn_func` under autograd runs its whole forward host path on every call (its autograd.Function
+    does not know attnkit's replay): ~100-130 us of Python a training step on the H200 before the kernel starts.
+    This Function is FlashAttnFunc's forward and backward with the forward replayed: the same kernels with the same
+    arguments, the same saved (q, k, v, out, lse). A plain autograd.Function, not the fa4_fwd op: an op's
+    Python autograd kernel and redispatch cost ~30 us a call (fa4_ops' docstring), and eager needs no graph."""
+    import torch
+
+    class Fa4Function(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, mq: int, mk: int, scale: float,
+                    causal: bool, wl: int, wr: int, cap: float, deterministic: bool) -> Any:
+            out, lse = forward(q, k, v, cu_q, cu_k, mq, mk, scale, causal, wl, wr, cap, lse=True)
+            ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+            ctx.args = (mq, mk, scale, causal, wl, wr, cap, deterministic)
+            return out
+
+        @staticmethod
+        def backward(ctx: Any, dout: Any) -> tuple[Any, ...]:
+            q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+            dq, dk, dv = backward_kernels(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.args)
+            return (dq, dk, dv, *(None,) * 10)
+
+    return Fa4Function

@@ -1,4 +1,4 @@
-"""FlashAttention-4's forward without its Python on every call: one launch recorded per call signature, replayed.
+"""FlashAttention-4 without its Python on every call: each call signature's launches recorded once, then replayed.
 
 Why: `flash_attn.cute.interface._flash_attn_fwd` (4.0.0b36) runs ~1300 lines of Python before its one kernel
 launch (config heuristics, a compile key, a softcap score_mod re-created and hashed through `inspect.getsource`
@@ -17,8 +17,10 @@ How, for one signature (shapes, strides, alignment, dtypes, device, every scalar
 2. verify: the next call runs both FA4's own path and the plan, and keeps the plan only if the outputs are
    bitwise equal (the forward kernels are deterministic).
 3. replay: later calls allocate out/lse and call the compiled function directly.
-Calls that need autograd stay on FA4's autograd.Function (the backend decides); under CUDA-graph capture a plan
-is only replayed, never recorded or verified (verification synchronises). `ATTNKIT_FA4_REPLAY=0` turns it off.
+Training calls use the same forward plans and replay FA4's backward too (`backward`, below: several launches and
+FA4's own work buffers, verified within rounding); both are wired by fa4_ops (its ops, and `eager_function` for
+eager autograd). Under CUDA-graph capture a plan is only replayed, never recorded or verified (verification
+synchronises). `ATTNKIT_FA4_REPLAY=0` turns both off: FA4's own functions then run every call.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+from attnkit.errors import first_line
 from attnkit.runtime import loaders
 
 ENV = "ATTNKIT_FA4_REPLAY"
@@ -75,7 +78,7 @@ class Refused(Exception):
 
 
 _LOCK = threading.Lock()
-_PLANS: OrderedDict[tuple, Plan | str] = OrderedDict()  # a str: the reason a signature has no plan
+_PLANS: OrderedDict[tuple, Any] = OrderedDict()  # a str: the reason a signature has no plan
 _COMPILES: dict[tuple, int] = {}  # signatures whose recording call compiled, and how often
 STATS = {"replayed": 0, "recorded": 0, "verified": 0, "refused": 0, "own_path": 0}
 
@@ -141,7 +144,7 @@ def _capturing(q: Any) -> bool:
     return bool(q.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
-def _keep(key: tuple, value: Plan | str) -> None:
+def _keep(key: tuple, value: Any) -> None:  # a Plan, a StepPlan, or why a signature has none
     with _LOCK:
         _PLANS[key] = value
         _PLANS.move_to_end(key)
@@ -296,3 +299,227 @@ def _plan(calls: list, ops: set[str], tensors: dict[str, Any]) -> Plan:
         raise Refused(f"{name}: the kernel does not write the returned out/lse (a split-KV or staged forward)")
     return Plan(fn=fn, args=tuple(slots), out_shape=tuple(out.shape), out_dtype=out.dtype,
                 lse_shape=None if lse is None else tuple(lse.shape))
+
+
+# -- the backward: several launches and FA4's own work buffers ---------------------------------------------------
+# FA4's `_flash_attn_bwd` (4.0.0b36) allocates dq, dk, dv and float32 work buffers (dq_accum, dpsum, lse_log2; for
+# GQA zero-filled dk/dv accumulators; semaphores when deterministic), then launches a preprocess kernel, the main
+# kernel and one to three postprocess kernels, each compiled once per configuration; its Python decides all of it
+# from shapes and flags alone. A backward plan is that sequence as data: allocations (shape, strides, dtype, a fill
+# value where FA4 zero- or value-filled one), launches whose tensor arguments are the call's own tensors or those
+# allocations, and which allocations are returned. dq (and GQA's dk/dv) are summed with atomics in float32, so two
+# runs of the same call may differ in the last bit: a plan is verified against FA4's own call within rounding
+# (`_close`), not bitwise; a wrong plan (a buffer missed, an argument swapped) is off by far more.
+
+_ALLOC_OPS = frozenset({"empty.memory_format", "empty_strided.default", "empty_like.default", "new_empty.default",
+                        "new_empty_strided.default"})
+_ZERO_ALLOC_OPS = frozenset({"zeros.default", "zeros_like.default", "new_zeros.default"})
+_FILL_OPS = frozenset({"zero_.default", "fill_.Scalar"})
+_VIEW_OPS = _ALLOWED_OPS - _ALLOC_OPS
+_BWD_SLOTS = ("dout", "q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k")
+
+
+@dataclasses.dataclass
+class StepPlan:
+    """A recorded backward: ("alloc", shape, stride, dtype) | ("fill", buffer, value) | ("launch", name, fn, args)
+    steps in FA4's order (args: ("slot", name), ("buf", index) or ("const", value)); `outputs` are buffer indices."""
+
+    steps: tuple[tuple[Any, ...], ...]
+    outputs: tuple[int, ...]
+    verified: bool = False
+
+    def run(self, tensors: dict[str, Any]) -> tuple[Any, ...]:
+        import torch
+
+        device = tensors["q"].device
+        bufs: list[Any] = []
+        for st in self.steps:
+            if st[0] == "alloc":
+                bufs.append(torch.empty_strided(st[1], st[2], dtype=st[3], device=device))
+            elif st[0] == "fill":
+                bufs[st[1]].fill_(st[2])
+            else:
+                st[2](*[tensors[v] if kind == "slot" else bufs[v] if kind == "buf" else v for kind, v in st[3]])
+        return tuple(bufs[i] for i in self.outputs)
+
+
+def backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *, softmax_scale: float, causal: bool,
+             softcap: float, window_size_left: int | None, window_size_right: int | None, cu_seqlens_q: Any = None,
+             cu_seqlens_k: Any = None, max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+             deterministic: bool = False) -> tuple[Any, Any, Any]:
+    """`_flash_attn_bwd(...)[:3]` (dq, dk, dv), through a replayed plan where the signature has one. `dout` must be
+    contiguous (FlashAttnFunc's backward gets it so from attnkit: fa4_ops.backward_kernels)."""
+    kw = dict(window_size_left=window_size_left, window_size_right=window_size_right, cu_seqlens_q=cu_seqlens_q,
+              cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+              deterministic=deterministic)
+    args = (q, k, v, out, dout, lse, softmax_scale, causal, softcap)
+    if not enabled():
+        return _own_bwd(args, kw)
+    key = ("bwd", _sig(dout), _sig(q), _sig(k), _sig(v), _sig(out), _sig(lse), _sig(cu_seqlens_q),
+           _sig(cu_seqlens_k), max_seqlen_q, max_seqlen_k, softmax_scale, causal, softcap, window_size_left,
+           window_size_right, deterministic)
+    tensors = {"dout": dout, "q": q, "k": k, "v": v, "out": out, "lse": lse, "cu_seqlens_q": cu_seqlens_q,
+               "cu_seqlens_k": cu_seqlens_k}
+    plan = _PLANS.get(key)
+    if type(plan) is StepPlan and plan.verified:
+        STATS["replayed"] += 1
+        return plan.run(tensors)  # type: ignore[return-value]
+    if isinstance(plan, str) or _capturing(q):
+        STATS["own_path"] += 1
+        return _own_bwd(args, kw)
+    if plan is None:
+        return _record_bwd(key, args, kw, tensors)
+    return _verify_bwd(key, plan, args, kw, tensors)  # type: ignore[arg-type]
+
+
+def _own_bwd(args: tuple[Any, ...], kw: dict[str, Any]) -> tuple[Any, Any, Any]:
+    loaders.load_fa4()
+    from flash_attn.cute.interface import _flash_attn_bwd
+
+    dq, dk, dv = _flash_attn_bwd(*args, **kw)[:3]
+    return dq, dk, dv
+
+
+def _close(a: Any, b: Any) -> bool:
+    """Equal within the rounding that float32 atomics in another order leave after the cast to half precision:
+    each element within 1/64 of itself plus 1e-3 of the largest (a plan that missed a buffer is off by far more)."""
+    import torch
+
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    a, b = a.float(), b.float()
+    if not bool(torch.isfinite(a).eq(torch.isfinite(b)).all()):
+        return False
+    fin = torch.isfinite(b)
+    a, b = torch.where(fin, a, 0.0), torch.where(fin, b, 0.0)
+    top = float(b.abs().max()) if b.numel() else 0.0
+    return bool(((a - b).abs() <= b.abs() / 64 + 1e-3 * top + 1e-6).all())
+
+
+def _verify_bwd(key: tuple, plan: StepPlan, args: tuple[Any, ...], kw: dict[str, Any],
+                tensors: dict[str, Any]) -> tuple[Any, Any, Any]:
+    own = _own_bwd(args, kw)
+    try:
+        mine = plan.run(dict(tensors))
+        same = len(mine) == 3 and all(_close(m, o) for m, o in zip(mine, own, strict=True))
+    except Exception as exc:  # a plan that cannot run is no plan
+        same, why = False, f"backward replay raised {type(exc).__name__}: {first_line(exc, 160)}"
+    else:
+        why = "replayed gradients differ from FlashAttention-4's own backward beyond rounding"
+    if same:
+        plan.verified = True
+        STATS["verified"] += 1
+    else:
+        STATS["refused"] += 1
+        _keep(key, why)
+    return own
+
+
+def _record_bwd(key: tuple, args: tuple[Any, ...], kw: dict[str, Any],
+                tensors: dict[str, Any]) -> tuple[Any, Any, Any]:
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    loaders.load_fa4()
+    from flash_attn.cute import interface
+
+    events: list = []  # in FA4's order: ("alloc", tensor) / ("fill", tensor, value) / ("other", op) / launches
+    bufs: list = []
+
+    class BufLog(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, a: Any = (), kwargs: Any = None) -> Any:
+            name = str(func.overloadpacket.__name__) + "." + str(func._overloadname)
+            result = func(*a, **(kwargs or {}))
+            if name in _ALLOC_OPS or name in _ZERO_ALLOC_OPS:
+                events.append(("alloc", result))
+                if name in _ZERO_ALLOC_OPS:
+                    events.append(("fill", result, 0))
+            elif name in _FILL_OPS:
+                events.append(("fill", a[0], 0 if name == "zero_.default" else a[1]))
+            elif name not in _VIEW_OPS:
+                events.append(("other", name))
+            return result
+
+    compiled: list = []
+    with _LOCK:  # one recording at a time: the watched caches are module state
+        owners = _jit_owners(interface)
+        saved = [(f, f.compile_cache) for f in owners]
+        try:
+            for f, cache in saved:
+                f.compile_cache = _Watch(f.__name__, cache, events, compiled)
+            with BufLog():
+                dq, dk, dv = interface._flash_attn_bwd(*args, **kw)[:3]
+        finally:
+            for f, cache in saved:
+                f.compile_cache = cache
+    if compiled:  # a first call compiles: the next one records
+        _COMPILES[key] = _COMPILES.get(key, 0) + 1
+        if _COMPILES[key] >= 3:
+            STATS["refused"] += 1
+            _keep(key, "FlashAttention-4's backward compiled on each of 3 calls")
+        return dq, dk, dv
+    STATS["recorded"] += 1
+    try:
+        plan = _step_plan(events, bufs, tensors, (dq, dk, dv), torch)
+    except Refused as why:
+        STATS["refused"] += 1
+        _keep(key, str(why))
+    else:
+        _keep(key, plan)
+    return dq, dk, dv
+
+
+def _step_plan(events: list, bufs: list, tensors: dict[str, Any], outputs: tuple[Any, ...], torch: Any) -> StepPlan:
+    """The backward plan for one recorded call, or Refused with the reason."""
+    def buf_of(t: Any) -> int | None:
+        return next((i for i, b in enumerate(bufs) if b is t or _same_tensor(b, t)), None)
+
+    steps: list[tuple[Any, ...]] = []
+    launches = 0
+    for ev in events:
+        if ev[0] == "alloc":
+            t = ev[1]
+            if not torch.is_tensor(t) or t.device != tensors["q"].device:
+                raise Refused("an allocation that is not one tensor on the call's device")
+            bufs.append(t)
+            steps.append(("alloc", tuple(t.shape), tuple(t.stride()), t.dtype))
+        elif ev[0] == "fill":
+            i = buf_of(ev[1])
+            if i is None:
+                raise Refused("FlashAttention-4's backward filled a tensor it did not allocate")
+            if not isinstance(ev[2], (int, float)) or isinstance(ev[2], bool):
+                raise Refused("a fill with a value that is not a number")
+            steps.append(("fill", i, ev[2]))
+        elif ev[0] == "other":
+            raise Refused(f"FlashAttention-4's backward ran {ev[1]}: only allocations, fills and views are replayed")
+        else:
+            name, fn, args, kwargs = ev
+            if kwargs:
+                raise Refused(f"{name}: keyword arguments to the compiled function")
+            spec: list[tuple[str, Any]] = []
+            for j, a in enumerate(args):
+                if torch.is_tensor(a):
+                    i = buf_of(a)
+                    if i is not None:
+                        spec.append(("buf", i))
+                        continue
+                    hit = next((s for s in _BWD_SLOTS if tensors.get(s) is not None and _same_tensor(a, tensors[s])),
+                               None)
+                    if hit is None:
+                        raise Refused(f"{name}: argument {j} is a tensor FlashAttention-4 derived from the call")
+                    spec.append(("slot", hit))
+                elif _tensor_free(a):
+                    spec.append(("const", a))
+                else:
+                    raise Refused(f"{name}: argument {j} ({type(a).__name__}) holds tensors")
+            steps.append(("launch", name, fn, tuple(spec)))
+            launches += 1
+    if not launches:
+        raise Refused("no compiled launch in FlashAttention-4's backward (an empty input?)")
+    idx = []
+    for t in outputs:
+        i = buf_of(t)
+        if i is None:
+            raise Refused("a gradient FlashAttention-4 returned is not one of its allocations")
+        idx.append(i)
+    return StepPlan(steps=tuple(steps), outputs=tuple(idx))

@@ -63,58 +63,47 @@ class FlashAttn4(Backend):
         return loaders.fa4_import_seconds()
 
     def bind(self, call: AttentionCall, p: Params, q: Any, k: Any, v: Any) -> Runner:
-        if call.trace == "compile":  # recorded as attnkit::fa4_fwd / fa4_bwd: nothing imported while tracing
-            from attnkit.runtime.backends.fa4_ops import ops
+        from attnkit.runtime.backends import fa4_ops, fa4_replay
 
-            left, right = p.window or (-1, -1)
-            args = (p.cu_seqlens_q, p.cu_seqlens_k, p.max_seqlen_q if call.varlen else -1,
-                    p.max_seqlen_k if call.varlen else -1, p.scale, call.causal, left, right, p.softcap)
+        left, right = p.window or (-1, -1)  # the ops' arguments after q, k, v (fa4_ops.FWD_SCHEMA)
+        args: tuple[Any, ...] = (p.cu_seqlens_q, p.cu_seqlens_k, p.max_seqlen_q if call.varlen else -1,
+                p.max_seqlen_k if call.varlen else -1, p.scale, call.causal, left, right,
+                float(p.softcap) if call.softcap else 0.0)
+        if call.trace == "compile":  # recorded as attnkit::fa4_fwd / fa4_bwd: nothing imported while tracing
             if not call.requires_grad:  # no autograd kernel, no log-sum-exp (fa4_ops says what that saves)
-                infer = ops().fa4_fwd_infer
+                infer = fa4_ops.ops().fa4_fwd_infer
                 return lambda q, k, v: infer(q, k, v, *args)
-            op = ops().fa4_fwd
+            op = fa4_ops.ops().fa4_fwd
             return lambda q, k, v: op(q, k, v, *args)[0]
         fa = loaders.load_fa4()
-        replay = _replay_runner(call, p)
-        kw: dict[str, Any] = {"softmax_scale": p.scale, "causal": call.causal}
-        if p.window is not None:
-            kw["window_size"] = fa4_window(p.window)
-        if call.softcap:
-            kw["softcap"] = p.softcap
-        if call.deterministic:
-            kw["deterministic"] = True
-        if call.varlen:
-            fn = fa.flash_attn_varlen_func
-            kw.update(cu_seqlens_q=p.cu_seqlens_q, cu_seqlens_k=p.cu_seqlens_k, max_seqlen_q=p.max_seqlen_q,
-                      max_seqlen_k=p.max_seqlen_k)
-        else:
-            fn = fa.flash_attn_func
-
-        if replay is None:
-            def run(q: Any, k: Any, v: Any) -> Any:
-                return output_of(fn(q, k, v, **kw))
-            return run
+        if not fa4_replay.enabled():  # ATTNKIT_FA4_REPLAY=0: FA4's own functions, as a user calls them
+            return _own_runner(fa, call, p)
         import torch
 
+        train, forward, det = fa4_ops.eager_function().apply, fa4_ops.forward, call.deterministic
+
         def run_or_replay(q: Any, k: Any, v: Any) -> Any:
-            # autograd needs FA4's own Function (its backward); a call without it skips FA4's host path
+            # autograd: FA4's forward and backward, each with its host path replayed (fa4_ops.eager_function); a
+            # call without it: the replayed forward alone, no log-sum-exp
             if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-                return output_of(fn(q, k, v, **kw))
-            return replay(q, k, v)
+                return train(q, k, v, *args, det)
+            return forward(q, k, v, *args, lse=False)[0]
         return run_or_replay
 
 
-def _replay_runner(call: AttentionCall, p: Params) -> Runner | None:
-    """The forward through fa4_replay (FA4's host path recorded once, replayed), as FlashAttnFunc would call it."""
-    from attnkit.runtime.backends import fa4_replay
-
-    if not fa4_replay.enabled():
-        return None
-    left, right = fa4_window(p.window) if p.window is not None else (None, None)
-    kw: dict[str, Any] = {"softmax_scale": p.scale, "causal": call.causal, "window_size_left": left,
-                          "window_size_right": right, "softcap": p.softcap if call.softcap else 0.0}
+def _own_runner(fa: Any, call: AttentionCall, p: Params) -> Runner:
+    """FA4's own flash_attn_func / flash_attn_varlen_func: its whole host path on every call."""
+    kw: dict[str, Any] = {"softmax_scale": p.scale, "causal": call.causal}
+    if p.window is not None:
+        kw["window_size"] = fa4_window(p.window)
+    if call.softcap:
+        kw["softcap"] = p.softcap
+    if call.deterministic:
+        kw["deterministic"] = True
     if call.varlen:
+        fn = fa.flash_attn_varlen_func
         kw.update(cu_seqlens_q=p.cu_seqlens_q, cu_seqlens_k=p.cu_seqlens_k, max_seqlen_q=p.max_seqlen_q,
                   max_seqlen_k=p.max_seqlen_k)
-    forward = fa4_replay.forward
-    return lambda q, k, v: forward(q, k, v, **kw)[0]
+    else:
+        fn = fa.flash_attn_func
+    return lambda q, k, v: output_of(fn(q, k, v, **kw))
