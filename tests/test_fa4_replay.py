@@ -400,3 +400,14 @@ def test_close_allows_rounding_but_not_a_wrong_gradient():
     nan = b.clone()
     nan[0, 0] = float("nan")
     assert not fa4_replay._close(nan, b)
+
+
+def test_a_double_backward_through_the_training_path_raises(fake):
+    """FA4 has no double backward: a gradient of the gradients (create_graph=True) raises, never gives zeros."""
+    from attnkit.runtime.backends.fa4_ops import eager_function
+
+    q, k, v = (t.requires_grad_() for t in _qkv())
+    out = eager_function().apply(q, k, v, None, None, -1, -1, 0.3, False, -1, -1, 0.0, False)
+    (dq,) = torch.autograd.grad((out ** 2).sum(), (q,), create_graph=True)  # its dout requires grad
+    with pytest.raises(RuntimeError):  # torch says why (differentiated twice, or not in the graph): no silent zeros
+        torch.autograd.grad(dq.sum(), (q,))

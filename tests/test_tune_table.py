@@ -875,7 +875,9 @@ _RESULTS = Path(__file__).parent.parent / "docs" / "results"
 # the sweep's sessions: 157 cases, their FA4 forwards timed again with the replay, 106, 191 and 68 more cases
 PACKAGED_FROM = [*(_RESULTS / f"2026-12-02-h200-tune-{n}.jsonl"
                    for n in ("session7-157-cases", "session8-fwd-refresh-91-cases", "session9-106-cases")),
-                 *(_RESULTS / f"2026-12-03-h200-tune-{n}.jsonl" for n in ("session10-191-cases", "session11-68-cases"))]
+                 *(_RESULTS / f"2026-12-03-h200-tune-{n}.jsonl" for n in (
+                     "session10-191-cases", "session11-68-cases", "session11b-70-cases", "session12-32-cases",
+                     "session12-train-refresh-42-cases"))]
 
 
 def test_the_packaged_sm90_table_is_the_merge_of_its_sweep_and_carries_its_provenance():
@@ -886,7 +888,7 @@ def test_the_packaged_sm90_table_is_the_merge_of_its_sweep_and_carries_its_prove
     packaged = table.validate(json.loads(text), "sm90.json")
     assert json.loads(json.dumps(tune.merge(PACKAGED_FROM))) == packaged
     prov = packaged["provenance"]
-    assert prov["gpus"] == ["NVIDIA H200"] and prov["torch"].startswith("2.11") and prov["cases"] == 522
+    assert prov["gpus"] == ["NVIDIA H200"] and prov["torch"].startswith("2.11") and prov["cases"] == 624
     assert prov["libraries"]["flash-attn-4"] and prov["driver"] and prov["date"].startswith("2026-12-03")
     assert set(prov["grid"]["dtype"]) == {"bfloat16", "float16", "float32"}
     assert all(set(p["order"]) <= set(REGISTRY) for pts in packaged["cells"].values() for p in pts)
@@ -1001,7 +1003,7 @@ def test_cross_check_cli_refuses_in_one_line(tmp_path, args, msg):
     assert good.read_text() == '{"header": true}\n'  # the input is never written
 
 
-VALIDATED = _RESULTS / "2026-12-03-h200-tune-validate-session11-522-cases-11-shapes.json"  # on the packaged table
+VALIDATED = _RESULTS / "2026-12-03-h200-tune-validate-session12-624-cases-11-shapes.json"  # on the packaged table
 
 
 def test_rescore_decides_the_validate_shapes_again_and_times_each_pick_by_the_reports_measurement():
@@ -1097,3 +1099,39 @@ def test_a_forward_refresh_replaces_only_the_forward_pass_of_the_cases_fa4_ran(t
     r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", "--refresh-fwd", str(tmp_path / "none.jsonl"),
                         "--out", str(tmp_path / "o.jsonl")], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.strip().endswith("no such file (give earlier `attnkit tune --out` files)")
+
+
+def _train_case(label: str, lw: float, fa4: float, cudnn: float, **shape: object) -> dict:
+    cell = "fwdbwd|bfloat16|causal|mha|equal|-|-|-|no"
+    r = _case(label, "fwd" + cell[6:], 128, lw, {"sdpa_cudnn": (1.0, 1.0), "flash_attn4": (1.0, 1.0)})
+    r["shape"].update(train=True, **shape)
+    r["cell"]["fwdbwd"] = cell
+    r["ms"]["attnkit:sdpa_cudnn"]["fwdbwd"] = {"sync": cudnn, "b2b": cudnn}
+    r["ms"]["attnkit:flash_attn4"]["fwdbwd"] = {"sync": fa4, "b2b": fa4}
+    return r
+
+
+def test_a_train_refresh_picks_the_half_precision_training_cases_near_the_crossover_not_yet_timed_again(tmp_path):
+    """`--refresh-train`: FA4's training path got faster (its host paths replayed), so the training cases at the
+    cuDNN / FA4 crossover are timed again, both passes; a far loser, a small or huge work level, a feature cell, float32
+    and a case already timed on the replayed path (a line under a header from FA4_TRAIN_SINCE on) are not."""
+    def header(date: str) -> dict:
+        return {"header": True, "schema": 1, "grid": {}, "shard": "1/1", "environment": {"date": date, "probe": {
+            "gpus": [{"name": "NVIDIA H200", "capability": [9, 0]}], "driver": "1", "torch": {"version": "2.11"}}}}
+    old, new = header("2026-12-03T12:00:00+00:00"), header(tune.FA4_TRAIN_SINCE + ":30+00:00")
+    lines = [old, _train_case("near", 35.0, 1.2, 1.0), _train_case("far", 35.0, 1.6, 1.0),
+             _train_case("small", 29.0, 1.1, 1.0), _train_case("huge", 39.0, 0.9, 1.0),
+             _train_case("window", 35.0, 1.0, 1.0, window=[512, 0]), _train_case("fp32", 35.0, 1.0, 1.0, dtype="float32"),
+             _train_case("done", 35.0, 1.2, 1.0), new, _train_case("done", 35.0, 0.9, 1.0),
+             _train_case("new", 33.0, 1.1, 1.0)]
+    f = tmp_path / "t.jsonl"
+    f.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    shapes = tune.refresh_cases([f], "train")
+    assert [(s.label, s.train) for s in shapes] == [("near", True)]
+    assert {s.label for s in tune.refresh_cases([f], "fwd")} >= {"near", "far", "done"}  # forwards FA4 ran
+    with pytest.raises(ValueError, match="refresh kind 'bwd'"):
+        tune.refresh_cases([f], "bwd")
+    r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", "--refresh-train", str(f), "--refresh-fwd", str(f),
+                        "--out", str(tmp_path / "o.jsonl")], capture_output=True, text=True)
+    assert r.returncode == 2 and "--refresh-train: not with --refresh-fwd" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

@@ -315,7 +315,10 @@ def decision_order(result: dict[str, Any], ps: str) -> list[str]:
 REFRESHED_BY = "flash_attn4"  # the backend whose host path changed (runtime/backends/fa4_replay.py, fa4_ops.py)
 REFRESH_KINDS = ("fwd", "train")
 REFRESH_TRAIN_WORK = (31.0, 37.0)  # `train` refresh: where cuDNN and FA4 cross in fwd+bwd (2026-12-03 validate)
-REFRESH_TRAIN_NEAR = 1.3  # ... and FA4 a contender there: within 1.3x of the fastest fwd+bwd (scores): 80 cases, ~260 s
+REFRESH_TRAIN_NEAR = 1.5  # ... and FA4 a contender there: within 1.5x of the fastest fwd+bwd (scores)
+# FA4's training path replayed (fa4_ops.eager_function) from this session on: lines under a header dated before it
+# timed FA4's own autograd.Function, its forward and backward host paths on every step
+FA4_TRAIN_SINCE = "2026-12-03T19:20"
 
 
 def refresh_cases(files: list[Path], kind: str = "fwd") -> list[Shape]:
@@ -326,12 +329,21 @@ def refresh_cases(files: list[Path], kind: str = "fwd") -> list[Shape]:
     - train: the basic half-precision training cases at REFRESH_TRAIN_WORK whose fwd+bwd FA4 ran within
       REFRESH_TRAIN_NEAR of the fastest, both passes: FA4's training path now replays its forward too
       (fa4_ops.eager_function; before, autograd calls ran FA4's whole forward host path), and those are the
-      points where cuDNN and FA4 trade places."""
+      points where cuDNN and FA4 trade places. A case already timed on that path (a line under a header dated
+      FA4_TRAIN_SINCE or later) is not timed again."""
     if kind not in REFRESH_KINDS:
         raise ValueError(f"refresh kind {kind!r}: one of {', '.join(REFRESH_KINDS)}")
     out: dict[str, Shape] = {}
     lo, hi = REFRESH_TRAIN_WORK
-    for r in latest_passes([r for f in files for r in _read_lines(f) if "shape" in r]):
+    lines = [r for f in files for r in _read_lines(f)]
+    current = set()  # train: cases already timed on FA4's replayed training path (FA4_TRAIN_SINCE)
+    since = False
+    for r in lines:
+        if r.get("header"):
+            since = str((r.get("environment") or {}).get("date", "")) >= FA4_TRAIN_SINCE
+        elif "shape" in r and since:
+            current.add(r["shape"]["label"])
+    for r in latest_passes([r for r in lines if "shape" in r]):
         d = dict(r["shape"])
         if kind == "fwd":
             if "fwd" not in r.get("ms", {}).get(f"attnkit:{REFRESHED_BY}", {}):
@@ -341,7 +353,7 @@ def refresh_cases(files: list[Path], kind: str = "fwd") -> list[Shape]:
             fa4 = scores(r, "fwdbwd").get(REFRESHED_BY)
             plain = not (d.get("window") or d.get("lengths") or d.get("alibi") or d.get("softcap"))
             if not (fa4 is not None and fa4 <= REFRESH_TRAIN_NEAR and plain and d.get("dtype") in HALF
-                    and lo <= r.get("log2_work", 0) <= hi):
+                    and lo <= r.get("log2_work", 0) <= hi and d["label"] not in current):
                 continue
         for k in ("window", "lengths", "lengths_k"):
             if d.get(k) is not None:

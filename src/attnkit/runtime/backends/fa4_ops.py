@@ -168,6 +168,7 @@ def eager_function() -> Any:
     arguments, the same saved (q, k, v, out, lse). A plain autograd.Function, not the fa4_fwd op: an op's
     Python autograd kernel and redispatch cost ~30 us a call (fa4_ops' docstring), and eager needs no graph."""
     import torch
+    from torch.autograd.function import once_differentiable
 
     class Fa4Function(torch.autograd.Function):
         @staticmethod
@@ -179,6 +180,7 @@ def eager_function() -> Any:
             return out
 
         @staticmethod
+        @once_differentiable  # FA4 has no double backward: create_graph=True raises instead of giving zeros
         def backward(ctx: Any, dout: Any) -> tuple[Any, ...]:
             q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
             dq, dk, dv = backward_kernels(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.args)
