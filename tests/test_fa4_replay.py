@@ -347,7 +347,7 @@ def _bwd_reference(q, k, v, dout, scale=0.3):
     return torch.autograd.grad(_reference(q64, k64, v64, scale), (q64, k64, v64), dout.double())
 
 
-def test_backward_records_allocations_fills_and_three_launches_then_replays_them(fake):
+def test_backward_records_allocations_fills_and_its_launches_then_replays_them(fake):
     q, k, v = _qkv()
     for _ in range(6):
         grads, (_, dout) = _bwd(fake, q, k, v)
@@ -375,7 +375,7 @@ def test_a_backward_running_other_aten_ops_stays_on_fa4s_own_path(fake):
         assert torch.allclose(got.double(), want, atol=1e-5)
 
 
-def test_a_backward_plan_missing_its_zero_fill_is_dropped_at_verification(fake):
+def test_a_backward_plan_whose_fill_differs_is_dropped_at_verification(fake):
     q, k, v = _qkv()
     _bwd(fake, q, k, v)
     _bwd(fake, q, k, v)  # recorded
@@ -411,3 +411,43 @@ def test_a_double_backward_through_the_training_path_raises(fake):
     (dq,) = torch.autograd.grad((out ** 2).sum(), (q,), create_graph=True)  # its dout requires grad
     with pytest.raises(RuntimeError):  # torch says why (differentiated twice, or not in the graph): no silent zeros
         torch.autograd.grad(dq.sum(), (q,))
+
+
+def test_a_plan_recorded_with_k_is_v_never_serves_a_call_with_two_tensors(fake):
+    """A plan maps launch arguments to the call's tensors by pointer: recorded with k is v, it would hand k where
+    v belongs. Which tensors alias is part of the signature, so the other call gets its own plan."""
+    q, k, v = _qkv()
+    for _ in range(5):
+        _fwd(q, k, k)  # compile, record, verify, replay x2: a plan for k is v
+    assert fa4_replay.stats()["replayed"] == 2
+    out = _fwd(q, k, v)[0]
+    assert torch.allclose(out.double(), _reference(q.double(), k.double(), v.double(), 0.3), atol=1e-5)
+    assert fa4_replay.stats()["replayed"] == 2  # not replayed: a first call of its own signature
+
+
+def test_signatures_that_never_come_again_are_never_recorded(fake):
+    """Packed batches with new lengths each step: each signature is seen once, so nothing is recorded (the
+    recording's dispatch mode would only slow those calls down), and each runs FA4's own path."""
+    for sq in range(3, 9):
+        q, k, v = _qkv(sq=sq)
+        _fwd(q, k, v)
+    s = fa4_replay.stats()
+    assert s["recorded"] == 0 and s["plans"] == 0 and s["own_path"] == 6 and fake.host_calls == 6
+
+
+def test_verification_poisons_what_fa4_did_not_fill_so_a_missed_launch_shows(fake):
+    """A plan that lost a launch (here dk's postprocess) leaves dk as allocated: verification starts every
+    allocation FA4 did not fill as NaN, so it is refused even where memory still held FA4's own values."""
+    q, k, v = _qkv()
+    _bwd(fake, q, k, v)
+    _bwd(fake, q, k, v)  # recorded
+    plan = next(p for p in fa4_replay._PLANS.values() if isinstance(p, fa4_replay.StepPlan))
+    last = max(i for i, st in enumerate(plan.steps) if st[0] == "launch")
+    plan.steps = plan.steps[:last] + plan.steps[last + 1:]
+    for _ in range(3):
+        grads, (_, dout) = _bwd(fake, q, k, v)
+        for got, want in zip(grads, _bwd_reference(q, k, v, dout), strict=True):
+            assert torch.allclose(got.double(), want, atol=1e-5)
+    s = fa4_replay.stats()
+    assert s["bwd_verified"] == 0 and s["bwd_replayed"] == 0
+    assert any("differ from FlashAttention-4's own backward" in r for r in s["refusals"]), s["refusals"]

@@ -1114,7 +1114,8 @@ def _train_case(label: str, lw: float, fa4: float, cudnn: float, **shape: object
 def test_a_train_refresh_picks_the_half_precision_training_cases_near_the_crossover_not_yet_timed_again(tmp_path):
     """`--refresh-train`: FA4's training path got faster (its host paths replayed), so the training cases at the
     cuDNN / FA4 crossover are timed again, both passes; a far loser, a small or huge work level, a feature cell, float32
-    and a case already timed on the replayed path (a line under a header from FA4_TRAIN_SINCE on) are not."""
+    and a case whose fwd+bwd was already timed on the replayed path (a line under a header from FA4_TRAIN_SINCE on)
+    are not."""
     def header(date: str) -> dict:
         return {"header": True, "schema": 1, "grid": {}, "shard": "1/1", "environment": {"date": date, "probe": {
             "gpus": [{"name": "NVIDIA H200", "capability": [9, 0]}], "driver": "1", "torch": {"version": "2.11"}}}}
@@ -1122,12 +1123,14 @@ def test_a_train_refresh_picks_the_half_precision_training_cases_near_the_crosso
     lines = [old, _train_case("near", 35.0, 1.2, 1.0), _train_case("far", 35.0, 1.6, 1.0),
              _train_case("small", 29.0, 1.1, 1.0), _train_case("huge", 39.0, 0.9, 1.0),
              _train_case("window", 35.0, 1.0, 1.0, window=[512, 0]), _train_case("fp32", 35.0, 1.0, 1.0, dtype="float32"),
-             _train_case("done", 35.0, 1.2, 1.0), new, _train_case("done", 35.0, 0.9, 1.0),
-             _train_case("new", 33.0, 1.1, 1.0)]
+             _train_case("done", 35.0, 1.2, 1.0), _train_case("fwd only", 35.0, 1.2, 1.0), new,
+             _train_case("done", 35.0, 0.9, 1.0), _train_case("new", 33.0, 1.1, 1.0),
+             _case("fwd only", "fwd|bfloat16|causal|mha|equal|-|-|-|no", 128, 35.0, {"flash_attn4": (1.0, 1.0)})]
     f = tmp_path / "t.jsonl"
     f.write_text("".join(json.dumps(x) + "\n" for x in lines))
     shapes = tune.refresh_cases([f], "train")
-    assert [(s.label, s.train) for s in shapes] == [("near", True)]
+    # "fwd only" was timed again since, forward only (a --refresh-fwd): its fwd+bwd is still the old path's
+    assert [(s.label, s.train) for s in shapes] == [("near", True), ("fwd only", True)]
     assert {s.label for s in tune.refresh_cases([f], "fwd")} >= {"near", "far", "done"}  # forwards FA4 ran
     with pytest.raises(ValueError, match="refresh kind 'bwd'"):
         tune.refresh_cases([f], "bwd")

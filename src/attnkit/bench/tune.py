@@ -341,7 +341,7 @@ def refresh_cases(files: list[Path], kind: str = "fwd") -> list[Shape]:
     for r in lines:
         if r.get("header"):
             since = str((r.get("environment") or {}).get("date", "")) >= FA4_TRAIN_SINCE
-        elif "shape" in r and since:
+        elif "shape" in r and since and "fwdbwd" in r.get("cell", {}):  # a forward-only refresh is not one
             current.add(r["shape"]["label"])
     for r in latest_passes([r for r in lines if "shape" in r]):
         d = dict(r["shape"])

@@ -160,12 +160,12 @@ def backward_kernels(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, cu_s
 
 @functools.cache
 def eager_function() -> Any:
-    """FA4 with autograd in eager mode: the forward through fa4_replay, the backward FA4's own.
+    """FA4 with autograd in eager mode: the forward and the backward through fa4_replay.
 
     FA4's `flash_attn_func` under autograd runs its whole forward host path on every call (its autograd.Function
     does not know attnkit's replay): ~100-130 us of Python a training step on the H200 before the kernel starts.
-    This Function is FlashAttnFunc's forward and backward with the forward replayed: the same kernels with the same
-    arguments, the same saved (q, k, v, out, lse). A plain autograd.Function, not the fa4_fwd op: an op's
+    This Function is FlashAttnFunc's forward and backward with both host paths replayed: the same kernels with the
+    same arguments, the same saved (q, k, v, out, lse). A plain autograd.Function, not the fa4_fwd op: an op's
     Python autograd kernel and redispatch cost ~30 us a call (fa4_ops' docstring), and eager needs no graph."""
     import torch
     from torch.autograd.function import once_differentiable

@@ -79,8 +79,12 @@ class Refused(Exception):
 
 _LOCK = threading.Lock()
 _PLANS: OrderedDict[tuple, Any] = OrderedDict()  # a str: the reason a signature has no plan
+# signatures seen once, on FA4's own path: a signature is recorded on its second call, so calls whose signature
+# never comes again (packed batches with new lengths each step) pay no recording
+_SEEN: OrderedDict[tuple, None] = OrderedDict()
 _COMPILES: dict[tuple, int] = {}  # signatures whose recording call compiled, and how often
-STATS = {"replayed": 0, "recorded": 0, "verified": 0, "refused": 0, "own_path": 0}
+STATS = {"replayed": 0, "recorded": 0, "verified": 0, "refused": 0, "own_path": 0, "bwd_replayed": 0,
+         "bwd_verified": 0}  # replayed/verified count both passes; the bwd_ keys the backward's alone
 
 
 def stats() -> dict[str, Any]:
@@ -93,6 +97,7 @@ def stats() -> dict[str, Any]:
 def clear() -> None:
     with _LOCK:
         _PLANS.clear()
+        _SEEN.clear()
         _COMPILES.clear()
         for k in STATS:
             STATS[k] = 0
@@ -102,6 +107,36 @@ def _sig(t: Any) -> Any:
     if t is None:
         return None
     return (tuple(t.shape), t.stride(), t.dtype, t.device, t.data_ptr() % 16, t.requires_grad)
+
+
+def _aliases(*ts: Any) -> tuple[int, ...]:
+    """Which of a call's tensors are one another (k is v, one cu_seqlens for both): for each, the index of the
+    first with the same data pointer. Part of the key: a plan maps a launch's arguments to the call's tensors by
+    pointer, so one recorded with k is v would hand k where v belongs to a call with two tensors."""
+    ptrs = [None if t is None else t.data_ptr() for t in ts]
+    return tuple(ptrs.index(x) if x is not None else -1 for x in ptrs)
+
+
+def _lookup(key: tuple) -> Any:
+    """The key's plan (kept fresh in the LRU) or the reason it has none; `_FIRST` for a signature never seen
+    (FA4's own path, noted as seen); None for its second call, which records."""
+    plan = _PLANS.get(key)
+    if plan is not None:
+        if type(plan) is not str:
+            with _LOCK:
+                if key in _PLANS:
+                    _PLANS.move_to_end(key)
+        return plan
+    if key in _SEEN:
+        return None
+    with _LOCK:
+        _SEEN[key] = None
+        while len(_SEEN) > 4 * MAX_PLANS:
+            _SEEN.popitem(last=False)
+    return _FIRST
+
+
+_FIRST = "first call of this signature: FlashAttention-4's own path"  # _lookup's answer for a first call
 
 
 def forward(q: Any, k: Any, v: Any, *, cu_seqlens_q: Any = None, cu_seqlens_k: Any = None,
@@ -115,9 +150,10 @@ def forward(q: Any, k: Any, v: Any, *, cu_seqlens_q: Any = None, cu_seqlens_k: A
               return_lse=return_lse)
     if not enabled():
         return _own(q, k, v, kw)
-    key = (_sig(q), _sig(k), _sig(v), _sig(cu_seqlens_q), _sig(cu_seqlens_k), max_seqlen_q, max_seqlen_k,
-           softmax_scale, causal, window_size_left, window_size_right, softcap, return_lse)
-    plan = _PLANS.get(key)
+    key = (_sig(q), _sig(k), _sig(v), _sig(cu_seqlens_q), _sig(cu_seqlens_k), _aliases(q, k, v, cu_seqlens_q,
+           cu_seqlens_k), max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_size_left, window_size_right,
+           softcap, return_lse)
+    plan = _lookup(key)
     tensors = {"q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k}
     if type(plan) is Plan and plan.verified:
         STATS["replayed"] += 1
@@ -180,16 +216,20 @@ class _Watch:
 
     def __init__(self, name: str, cache: Any, calls: list, compiled: list) -> None:
         self._name, self._cache, self._calls, self._compiled = name, cache, calls, compiled
+        self._thread = threading.get_ident()  # the caches are module state: other threads' calls are not noted
 
     def __contains__(self, key: Any) -> bool:
         return key in self._cache
 
     def __setitem__(self, key: Any, fn: Any) -> None:
-        self._compiled.append(self._name)
+        if threading.get_ident() == self._thread:
+            self._compiled.append(self._name)
         self._cache[key] = fn
 
     def __getitem__(self, key: Any) -> Any:
         fn = self._cache[key]
+        if threading.get_ident() != self._thread:
+            return fn
         calls, name = self._calls, self._name
 
         def noted(*args: Any, **kwargs: Any) -> Any:
@@ -328,14 +368,20 @@ class StepPlan:
     outputs: tuple[int, ...]
     verified: bool = False
 
-    def run(self, tensors: dict[str, Any]) -> tuple[Any, ...]:
+    def run(self, tensors: dict[str, Any], poison: bool = False) -> tuple[Any, ...]:
+        """The recorded steps on this call's tensors. `poison` (verification): every allocation FA4 did not fill
+        starts as NaN (or -1), so a launch the plan missed shows, even where the caching allocator hands back
+        the blocks FA4's own call just freed with the right values still in them."""
         import torch
 
         device = tensors["q"].device
         bufs: list[Any] = []
+        filled = {st[1] for st in self.steps if st[0] == "fill"} if poison else set()
         for st in self.steps:
             if st[0] == "alloc":
                 bufs.append(torch.empty_strided(st[1], st[2], dtype=st[3], device=device))
+                if poison and len(bufs) - 1 not in filled:
+                    bufs[-1].fill_(float("nan") if bufs[-1].is_floating_point() else -1)
             elif st[0] == "fill":
                 bufs[st[1]].fill_(st[2])
             else:
@@ -356,13 +402,14 @@ def backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *, softmax_s
     if not enabled():
         return _own_bwd(args, kw)
     key = ("bwd", _sig(dout), _sig(q), _sig(k), _sig(v), _sig(out), _sig(lse), _sig(cu_seqlens_q),
-           _sig(cu_seqlens_k), max_seqlen_q, max_seqlen_k, softmax_scale, causal, softcap, window_size_left,
-           window_size_right, deterministic)
+           _sig(cu_seqlens_k), _aliases(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k), max_seqlen_q,
+           max_seqlen_k, softmax_scale, causal, softcap, window_size_left, window_size_right, deterministic)
     tensors = {"dout": dout, "q": q, "k": k, "v": v, "out": out, "lse": lse, "cu_seqlens_q": cu_seqlens_q,
                "cu_seqlens_k": cu_seqlens_k}
-    plan = _PLANS.get(key)
+    plan = _lookup(key)
     if type(plan) is StepPlan and plan.verified:
         STATS["replayed"] += 1
+        STATS["bwd_replayed"] += 1
         return plan.run(tensors)  # type: ignore[return-value]
     if isinstance(plan, str) or _capturing(q):
         STATS["own_path"] += 1
@@ -380,35 +427,47 @@ def _own_bwd(args: tuple[Any, ...], kw: dict[str, Any]) -> tuple[Any, Any, Any]:
     return dq, dk, dv
 
 
+_CHUNK = 1 << 24  # elements compared at a time: verification allocates float32 temporaries of this size only
+
+
 def _close(a: Any, b: Any) -> bool:
     """Equal within the rounding that float32 atomics in another order leave after the cast to half precision:
-    each element within 1/64 of itself plus 1e-3 of the largest (a plan that missed a buffer is off by far more)."""
+    each element within 1/64 of itself plus 1e-3 of the largest (a plan that missed a buffer is off by far more),
+    and finite exactly where the other is."""
     import torch
 
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    a, b = a.float(), b.float()
-    if not bool(torch.isfinite(a).eq(torch.isfinite(b)).all()):
-        return False
-    fin = torch.isfinite(b)
-    a, b = torch.where(fin, a, 0.0), torch.where(fin, b, 0.0)
-    top = float(b.abs().max()) if b.numel() else 0.0
-    return bool(((a - b).abs() <= b.abs() / 64 + 1e-3 * top + 1e-6).all())
+    fa, fb = a.reshape(-1), b.reshape(-1)
+    finite = torch.isfinite(fb)
+    top = float(torch.where(finite, fb, 0).abs().max()) if fb.numel() else 0.0
+    for x, y in zip(fa.split(_CHUNK), fb.split(_CHUNK), strict=True):
+        x, y = x.float(), y.float()
+        fin = torch.isfinite(y)
+        if not bool(torch.isfinite(x).eq(fin).all()):
+            return False
+        x, y = torch.where(fin, x, 0.0), torch.where(fin, y, 0.0)
+        if not bool(((x - y).abs() <= y.abs() / 64 + 1e-3 * top + 1e-6).all()):
+            return False
+    return True
 
 
 def _verify_bwd(key: tuple, plan: StepPlan, args: tuple[Any, ...], kw: dict[str, Any],
                 tensors: dict[str, Any]) -> tuple[Any, Any, Any]:
     own = _own_bwd(args, kw)
     try:
-        mine = plan.run(dict(tensors))
+        mine = plan.run(dict(tensors), poison=True)
         same = len(mine) == 3 and all(_close(m, o) for m, o in zip(mine, own, strict=True))
-    except Exception as exc:  # a plan that cannot run is no plan
+    except Exception as exc:  # a plan that cannot run is no plan; short of memory, it is tried again next call
+        if "out of memory" in str(exc).lower():
+            return own
         same, why = False, f"backward replay raised {type(exc).__name__}: {first_line(exc, 160)}"
     else:
         why = "replayed gradients differ from FlashAttention-4's own backward beyond rounding"
     if same:
         plan.verified = True
         STATS["verified"] += 1
+        STATS["bwd_verified"] += 1
     else:
         STATS["refused"] += 1
         _keep(key, why)
