@@ -25,10 +25,12 @@ synchronises). `ATTNKIT_FA4_REPLAY=0` turns both off: FA4's own functions then r
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 from attnkit.errors import first_line
@@ -193,21 +195,31 @@ def _verify(key: tuple, plan: Plan, q: Any, k: Any, v: Any, kw: dict[str, Any],
     import torch
 
     out, lse = _own(q, k, v, kw)
-    try:
+
+    def same() -> bool:
         r_out, r_lse = plan.run(dict(tensors))
-        same = torch.equal(out, r_out) and ((lse is None and r_lse is None) or
+        return torch.equal(out, r_out) and ((lse is None and r_lse is None) or
                                             (lse is not None and r_lse is not None and torch.equal(lse, r_lse)))
-    except Exception as exc:  # a plan that cannot run is no plan
-        same, why = False, f"replay raised {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
-    else:
-        why = "replayed output differs from FlashAttention-4's own call"
-    if same:
+    _judge(key, plan, same, "replayed output differs from FlashAttention-4's own call")
+    return out, lse
+
+
+def _judge(key: tuple, plan: Any, same: Any, why: str, backward: bool = False) -> None:
+    """Verification's verdict on a plan: `same()` ran it beside FA4's own call. A plan that cannot run is no plan;
+    one that ran short of memory is tried again on the signature's next call."""
+    try:
+        ok = bool(same())
+    except Exception as exc:
+        if "out of memory" in str(exc).lower():
+            return
+        ok, why = False, f"replay raised {type(exc).__name__}: {first_line(exc, 160)}"
+    if ok:
         plan.verified = True
         STATS["verified"] += 1
+        STATS["bwd_verified"] += backward
     else:
         STATS["refused"] += 1
         _keep(key, why)
-    return out, lse
 
 
 class _Watch:
@@ -245,6 +257,30 @@ def _jit_owners(interface: Any) -> list[Any]:
     return [f for f in vars(interface).values() if callable(f) and hasattr(f, "compile_cache")]
 
 
+@contextlib.contextmanager
+def _watched(interface: Any, calls: list, compiled: list, mode: Any) -> Iterator[None]:
+    """For one call of FA4's own host path: every JIT cache of its interface module watched (`_Watch`; one
+    recording at a time, since the caches are module state) and `mode`, a TorchDispatchMode, logging aten ops."""
+    with _LOCK:
+        saved = [(f, f.compile_cache) for f in _jit_owners(interface)]
+        try:
+            for f, cache in saved:
+                f.compile_cache = _Watch(f.__name__, cache, calls, compiled)
+            with mode:
+                yield
+        finally:
+            for f, cache in saved:
+                f.compile_cache = cache
+
+
+def _compiled_again(key: tuple, what: str) -> None:
+    """A recording call that compiled records nothing; a signature whose third recording call compiled is refused."""
+    _COMPILES[key] = _COMPILES.get(key, 0) + 1
+    if _COMPILES[key] >= 3:
+        STATS["refused"] += 1
+        _keep(key, f"{what} compiled on each of 3 calls")
+
+
 def _record(key: tuple, q: Any, k: Any, v: Any, kw: dict[str, Any], tensors: dict[str, Any]) -> tuple[Any, Any]:
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -260,22 +296,10 @@ def _record(key: tuple, q: Any, k: Any, v: Any, kw: dict[str, Any], tensors: dic
 
     calls: list = []
     compiled: list = []
-    with _LOCK:  # one recording at a time: the watched caches are module state
-        owners = _jit_owners(interface)
-        saved = [(f, f.compile_cache) for f in owners]
-        try:
-            for f, cache in saved:
-                f.compile_cache = _Watch(f.__name__, cache, calls, compiled)
-            with OpLog():
-                out, lse, *_ = interface._flash_attn_fwd(q, k, v, **kw)
-        finally:
-            for f, cache in saved:
-                f.compile_cache = cache
-    if compiled:  # a first call compiles (and may run ops of its own): the next call records instead
-        _COMPILES[key] = _COMPILES.get(key, 0) + 1
-        if _COMPILES[key] >= 3:
-            STATS["refused"] += 1
-            _keep(key, "FlashAttention-4 compiled on each of 3 calls")
+    with _watched(interface, calls, compiled, OpLog()):
+        out, lse, *_ = interface._flash_attn_fwd(q, k, v, **kw)
+    if compiled:  # a call that compiles (and may run ops of its own): the next call records instead
+        _compiled_again(key, "FlashAttention-4")
         return out, lse
     STATS["recorded"] += 1
     try:
@@ -307,6 +331,30 @@ def _tensor_free(x: Any, depth: int = 0) -> bool:
     return not any(torch.is_tensor(y) for y in getattr(x, "__dict__", {}).values())
 
 
+def _arg_spec(name: str, args: tuple[Any, ...], tensors: dict[str, Any], slots: tuple[str, ...],
+              buf_of: Any = lambda t: None) -> list[tuple[str, Any]]:
+    """A recorded launch's arguments as data: ("buf", i) for an allocation of the recorded call (`buf_of`),
+    ("slot", name) for one of the call's own tensors, ("const", value) for a tensor-free constant; Refused else."""
+    import torch
+
+    spec: list[tuple[str, Any]] = []
+    for j, a in enumerate(args):
+        if torch.is_tensor(a):
+            i = buf_of(a)
+            if i is not None:
+                spec.append(("buf", i))
+                continue
+            hit = next((s for s in slots if tensors.get(s) is not None and _same_tensor(a, tensors[s])), None)
+            if hit is None:
+                raise Refused(f"{name}: argument {j} is a tensor FlashAttention-4 derived from the call")
+            spec.append(("slot", hit))
+        elif _tensor_free(a):
+            spec.append(("const", a))
+        else:
+            raise Refused(f"{name}: argument {j} ({type(a).__name__}) holds tensors")
+    return spec
+
+
 def _plan(calls: list, ops: set[str], tensors: dict[str, Any]) -> Plan:
     """The plan for one recorded call, or Refused with the reason."""
     if len(calls) != 1:
@@ -322,19 +370,7 @@ def _plan(calls: list, ops: set[str], tensors: dict[str, Any]) -> Plan:
     for t, what in ((out, "out"), (lse, "lse")):
         if t is not None and not t.is_contiguous():
             raise Refused(f"{what} is not contiguous")
-    slots: list[tuple[str, Any]] = []
-    import torch
-
-    for i, a in enumerate(args):
-        if torch.is_tensor(a):
-            hit = next((s for s in _SLOTS if tensors.get(s) is not None and _same_tensor(a, tensors[s])), None)
-            if hit is None:
-                raise Refused(f"{name}: argument {i} is a tensor FlashAttention-4 derived from the call")
-            slots.append(("slot", hit))
-        elif _tensor_free(a):
-            slots.append(("const", a))
-        else:
-            raise Refused(f"{name}: argument {i} ({type(a).__name__}) holds tensors")
+    slots = _arg_spec(name, args, tensors, _SLOTS)
     if ("slot", "out") not in slots or (lse is not None and ("slot", "lse") not in slots):
         raise Refused(f"{name}: the kernel does not write the returned out/lse (a split-KV or staged forward)")
     return Plan(fn=fn, args=tuple(slots), out_shape=tuple(out.shape), out_dtype=out.dtype,
@@ -455,22 +491,12 @@ def _close(a: Any, b: Any) -> bool:
 def _verify_bwd(key: tuple, plan: StepPlan, args: tuple[Any, ...], kw: dict[str, Any],
                 tensors: dict[str, Any]) -> tuple[Any, Any, Any]:
     own = _own_bwd(args, kw)
-    try:
+
+    def same() -> bool:
         mine = plan.run(dict(tensors), poison=True)
-        same = len(mine) == 3 and all(_close(m, o) for m, o in zip(mine, own, strict=True))
-    except Exception as exc:  # a plan that cannot run is no plan; short of memory, it is tried again next call
-        if "out of memory" in str(exc).lower():
-            return own
-        same, why = False, f"backward replay raised {type(exc).__name__}: {first_line(exc, 160)}"
-    else:
-        why = "replayed gradients differ from FlashAttention-4's own backward beyond rounding"
-    if same:
-        plan.verified = True
-        STATS["verified"] += 1
-        STATS["bwd_verified"] += 1
-    else:
-        STATS["refused"] += 1
-        _keep(key, why)
+        return len(mine) == 3 and all(_close(m, o) for m, o in zip(mine, own, strict=True))
+    _judge(key, plan, same, "replayed gradients differ from FlashAttention-4's own backward beyond rounding",
+           backward=True)
     return own
 
 
@@ -500,22 +526,10 @@ def _record_bwd(key: tuple, args: tuple[Any, ...], kw: dict[str, Any],
             return result
 
     compiled: list = []
-    with _LOCK:  # one recording at a time: the watched caches are module state
-        owners = _jit_owners(interface)
-        saved = [(f, f.compile_cache) for f in owners]
-        try:
-            for f, cache in saved:
-                f.compile_cache = _Watch(f.__name__, cache, events, compiled)
-            with BufLog():
-                dq, dk, dv = interface._flash_attn_bwd(*args, **kw)[:3]
-        finally:
-            for f, cache in saved:
-                f.compile_cache = cache
-    if compiled:  # a first call compiles: the next one records
-        _COMPILES[key] = _COMPILES.get(key, 0) + 1
-        if _COMPILES[key] >= 3:
-            STATS["refused"] += 1
-            _keep(key, "FlashAttention-4's backward compiled on each of 3 calls")
+    with _watched(interface, events, compiled, BufLog()):
+        dq, dk, dv = interface._flash_attn_bwd(*args, **kw)[:3]
+    if compiled:  # a call that compiles: the next one records
+        _compiled_again(key, "FlashAttention-4's backward")
         return dq, dk, dv
     STATS["recorded"] += 1
     try:
@@ -555,23 +569,7 @@ def _step_plan(events: list, bufs: list, tensors: dict[str, Any], outputs: tuple
             name, fn, args, kwargs = ev
             if kwargs:
                 raise Refused(f"{name}: keyword arguments to the compiled function")
-            spec: list[tuple[str, Any]] = []
-            for j, a in enumerate(args):
-                if torch.is_tensor(a):
-                    i = buf_of(a)
-                    if i is not None:
-                        spec.append(("buf", i))
-                        continue
-                    hit = next((s for s in _BWD_SLOTS if tensors.get(s) is not None and _same_tensor(a, tensors[s])),
-                               None)
-                    if hit is None:
-                        raise Refused(f"{name}: argument {j} is a tensor FlashAttention-4 derived from the call")
-                    spec.append(("slot", hit))
-                elif _tensor_free(a):
-                    spec.append(("const", a))
-                else:
-                    raise Refused(f"{name}: argument {j} ({type(a).__name__}) holds tensors")
-            steps.append(("launch", name, fn, tuple(spec)))
+            steps.append(("launch", name, fn, tuple(_arg_spec(name, args, tensors, _BWD_SLOTS, buf_of))))
             launches += 1
     if not launches:
         raise Refused("no compiled launch in FlashAttention-4's backward (an empty input?)")
