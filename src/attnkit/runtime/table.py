@@ -41,7 +41,9 @@ hand-written ALiBi, decode and small rows (read off half-precision runs) sent fl
 could not run, to the default order's next, flex again. With those rows half precision only and head_dim_up 1.5
 the rule scores 0.951 / 0.942 (float32 0.923 / 0.910; symmetric head dims 0.937 / 0.928, head_dim_up 2 and 3
 0.950 / 0.940 and 0.948 / 0.937), the best of the ten variants
-(docs/results/2026-12-03-h200-tune-cross-check-522-cases.json).
+(docs/results/2026-12-03-h200-tune-cross-check-522-cases.json). On 624 cases (965 calls; 42 training cases timed
+again on FA4's replayed training path) it scores 0.944 / 0.935, tied best with far 8x in work, whose worst call
+is worse (docs/results/2026-12-03-h200-tune-cross-check-624-cases.json).
 """
 
 from __future__ import annotations
