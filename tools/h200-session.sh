@@ -270,7 +270,7 @@ case $step in
         [ "$(sha256sum "$tmp/libs.tar.xz" | cut -d' ' -f1)" = "$(cat .fa4a/libs.sha256)" ] &&
         (cd "$tmp" && split -n 3 -d libs.tar.xz part.) && mkdir -p .fa4d &&
         mv "$tmp/part.00" .fa4a/libs.part.00 && mv "$tmp/part.01" .fa4b/libs.part.01 && mv "$tmp/part.02" .fa4d/libs.part.02
-      rc=$?; rm -rf "$tmp"; [ $rc = 0 ] || exit 1
+      rc=$?; rm -rf "$tmp"; [ $rc = 0 ] || { echo "split 3: re-cutting the bundle failed (rc $rc): run fa4-bundle.sh again"; exit 1; }
       grep -qx "/.fa4d/" .git/info/exclude 2>/dev/null || echo "/.fa4d/" >> .git/info/exclude
     fi
     du -sh .fa4?/ ;;
