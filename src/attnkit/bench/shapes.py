@@ -7,14 +7,15 @@ from typing import Any
 
 from attnkit.runtime.shape import Shape, varlen
 
-__all__ = ["Shape", "attn_flops", "named", "suite"]
+__all__ = ["Shape", "attn_flops", "mixed_lengths", "named", "suite", "varlen"]
 
 
 def _varlen(label: str, lengths: tuple[int, ...], heads: int, kv_heads: int, d: int, **kw: Any) -> Shape:
     return varlen(label, lengths, heads=heads, kv_heads=kv_heads, head_dim=d, **kw)
 
 
-def _lengths(n: int, lo: int, hi: int, seed: int) -> tuple[int, ...]:
+def mixed_lengths(n: int, lo: int, hi: int, seed: int) -> tuple[int, ...]:
+    """n lengths drawn in [lo, hi] (seeded), the first one hi: packed batches as a collator makes them."""
     rng = random.Random(seed)
     out = [rng.randint(lo, hi) for _ in range(n)]
     out[0] = hi
@@ -61,8 +62,8 @@ def suite(quick: bool) -> list[Shape]:
         Shape("window 4096 GQA 32/8 S16384 causal", 1, 32, 8, 16384, 16384, 128, window=(4096, 0)),
         Shape("window 256+256 S2048 D64", 8, 16, 16, 2048, 2048, 64, causal=False, window=(256, 256), train=False),
         # packed varlen with mixed lengths, very short ones included
-        _varlen("varlen GQA 32/8 D128 17-4096 causal", _lengths(16, 17, 4096, 0), 32, 8, 128),
-        _varlen("varlen short 1-64 x256 D64 causal", _lengths(256, 1, 64, 1), 16, 16, 64, train=False),
+        _varlen("varlen GQA 32/8 D128 17-4096 causal", mixed_lengths(16, 17, 4096, 0), 32, 8, 128),
+        _varlen("varlen short 1-64 x256 D64 causal", mixed_lengths(256, 1, 64, 1), 16, 16, 64, train=False),
         # cross-attention: more queries than keys
         Shape("cross Sq4096 Sk512 D64", 8, 16, 16, 4096, 512, 64, causal=False),
         Shape("cross fp16 Sq1024 Sk77 D64", 16, 8, 8, 1024, 77, 64, "float16", causal=False, train=False),

@@ -38,7 +38,7 @@ from typing import Any
 from attnkit._io import write_atomic
 from attnkit.bench.candidates import AUTO, PLAIN
 from attnkit.bench.run import bench_shape, environment, measuring_device
-from attnkit.bench.shapes import Shape
+from attnkit.bench.shapes import Shape, mixed_lengths, varlen
 from attnkit.errors import UsageError, first_line
 from attnkit.runtime.call import AttentionCall, normalise_mask
 from attnkit.runtime.priority import rows_order
@@ -798,6 +798,13 @@ def validation_shapes(quick: bool) -> list[Shape]:
         Shape("val Mistral window decode Sk8000", 32, 32, 8, 1, 8000, 128, window=(4096, 0), train=False),
         Shape("val D96 train S1800", 8, 24, 24, 1800, 1800, 96),
         Shape("val spec decode Sq5 Sk6000", 16, 32, 8, 5, 6000, 128, train=False),
+        # the call classes the held-out suite names that the shapes above leave out: packed encoders (short and very
+        # short sequences, not causal) and fp16 MHA training
+        varlen("val packed encoder x64 24-200 H12 D64", mixed_lengths(64, 24, 200, 11), heads=12, kv_heads=12,
+               head_dim=64, causal=False),
+        varlen("val packed short x400 4-48 H8 D32", mixed_lengths(400, 4, 48, 12), heads=8, kv_heads=8, head_dim=32,
+               causal=False),
+        Shape("val GPT-2-medium fp16 train S1000 H16 D64", 8, 16, 16, 1000, 1000, 64, "float16"),
     ]
 
 
