@@ -16,6 +16,11 @@ LIBRARIES = ("flash_attn4", "flash_attn2", "xformers", "flex")  # library functi
 MATH_MAX_SCORES = 1 << 26  # sdpa_math materialises B*H*Sq*Sk scores: bench it only where that is small
 
 
+# calls before a JIT candidate is steady: FA4's replay (runtime/backends/fa4_replay.py) runs a signature's first
+# call on FA4's own path (compiling), records the second and checks the record against FA4's own call on the third
+JIT_WARM_CALLS = 3
+
+
 def compiles(name: str) -> bool:
     """A candidate whose backend compiles or records at first use (FA4, flex), by its name: `attnkit:<backend>`
     (attention() forced) or the library's own name. Its first calls are not steady, and it has a compile to do."""

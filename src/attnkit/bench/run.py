@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from attnkit._io import write_atomic
-from attnkit.bench.candidates import AUTO, PLAIN, Case, compiles
+from attnkit.bench.candidates import AUTO, JIT_WARM_CALLS, PLAIN, Case, compiles
 from attnkit.bench.numerics import BENCH_TOL, max_error
 from attnkit.bench.shapes import Shape, attn_flops, named, suite
 from attnkit.bench.timer import interleaved, sync, warm, warm_gpu
@@ -68,11 +68,12 @@ def bench_shape(s: Shape, device: str, iters: int = 15, rounds: int = 5, backend
             # the sweep (prune) warms once: its two pruning calls follow, and every call of a large case counts
             warm_s: dict[str, float] = {}
             first, errors = warm(runs, device, times=1 if prune else 2, seconds=warm_s)
-            if prune:  # a JIT backend's second call is not steady yet either: FA4's forward replay records its
-                # host path on the first call and checks the record on the second (fa4_replay); judged on those
-                # two, 28 of 190 FA4 forwards of the 2026-12-03 sweep were pruned at 0.23-18 ms
+            if prune:  # a JIT backend's next calls are not steady yet either: FA4's replay runs a signature's
+                # first call on FA4's own path, records it on the second and checks the record on the third
+                # (fa4_replay). Judged on such calls, 28 of 190 FA4 forwards of the 2026-12-03 sweep were pruned
+                # at 0.23-18 ms, and 24 of 69 fwd+bwd cases on 2026-12-04 at 2.5-31 ms (1 warm call too few)
                 again = {n: fn for n, fn in runs.items() if n not in errors and compiles(n)}
-                errors.update(warm(again, device, times=1, seconds=None)[1])
+                errors.update(warm(again, device, times=JIT_WARM_CALLS - 1, seconds=None)[1])
             lap("warm")
             out.setdefault("warm_seconds", {})[ps] = warm_s
             for n, err in errors.items():
@@ -110,7 +111,9 @@ def bench_shape(s: Shape, device: str, iters: int = 15, rounds: int = 5, backend
                 out["ms"].setdefault(n, {})[ps] = {"sync": sync[n] * 1e3, "b2b": b2b[n] * 1e3}
         out.setdefault("b2b_calls", {})[ps] = calls
     out["selected"] = out["selected_by_pass"][passes[-1]]
-    out["jit_warmed"] = bool(prune)  # the sweep's JIT backends warmed twice before pruning (tune.cold_pruned)
+    out["jit_warmed"] = bool(prune)  # the sweep's JIT backends warmed before pruning (tune.cold_pruned)
+    if prune:  # how often: tune.unsteady_pruned trusts a pruned JIT time only after JIT_WARM_CALLS
+        out["jit_warm_calls"] = JIT_WARM_CALLS
     out["head_dim"] = s.head_dim
     out["log2_work"] = round(table.log2_work(call), 3)
     flops = attn_flops(s.batch, s.heads, s.seqlen_q, s.seqlen_k, s.head_dim, s.causal)

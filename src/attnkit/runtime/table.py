@@ -72,10 +72,15 @@ class Rule:
     # 0.98 ms at D64, 33 ms at D128 in the same decode cell); 1.5 scored best of 1, 1.5, 2, 3 (--cross-check)
     head_dim_up: float = 1.5
     relax: tuple[str, ...] = ("kv", "causal")  # rule 1's neighbours beyond the sibling dtype, in order
+    # > 0: a neighbour's point counts this much farther per feature it relaxes (kv sharing, causality), and the
+    # least such distance decides instead of the first near cell in rule 1's order (0: that order, as before)
+    step_cost: float = 0.0
 
     def __post_init__(self) -> None:
         if not (self.far_log2 > 0 and self.far_head_dim_log2 > 0):
             raise ValueError("Rule: far_log2 and far_head_dim_log2 must be > 0")
+        if not self.step_cost >= 0:
+            raise ValueError("Rule: step_cost must be >= 0")
         if not self.head_dim_up >= 1:
             raise ValueError("Rule: head_dim_up must be >= 1 (a smaller head dim counts as far or farther)")
         unknown = [r for r in self.relax if r not in ("kv", "causal")]
@@ -254,14 +259,18 @@ def decide(call: AttentionCall, table: dict[str, Any], rule: Rule = RULE) -> Dec
     """The table's decision for `call`, or None when the table has none of its cells (rule 1's `neighbours`)."""
     key = cell_of(call)
     hd, w = max(call.head_dim, call.head_dim_v), log2_work(call)
-    found = []  # (far, rank, key, point): the first near point in rule 1's order; else the nearest first cell's
+    found = []  # (far, distance, rank, key, point): the first near point in rule 1's order (step_cost 0, or
+    # the least distance with each relaxed feature's step_cost added); else the nearest first cell's
+    mine = key.split("|")
     for rank, k in enumerate(neighbours(key, rule)):
         points = table["cells"].get(k)
         if points:
             pt = nearest(points, hd, w, rule)
-            found.append((distance(pt, hd, w, rule) > 1.0, rank, k, pt))
+            parts = k.split("|")
+            d = distance(pt, hd, w, rule) + rule.step_cost * ((parts[2] != mine[2]) + (parts[3] != mine[3]))
+            found.append((d > 1.0, d if rule.step_cost else 0.0, rank, k, pt))
     if not found:
         return None
-    far, _, k, pt = min(found, key=lambda f: (f[0], f[1]))
+    far, _, _, k, pt = min(found, key=lambda f: f[:3])
     label = f"{table.get('arch', '?')} {k} D{pt['head_dim']} log2(work)={pt['log2_work']:g}"
     return Decision("table", label, tuple(pt["order"]), far=far)
