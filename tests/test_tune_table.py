@@ -1151,6 +1151,10 @@ def test_a_pass_where_fa4_was_pruned_before_its_replay_was_steady_measures_nothi
     assert t["provenance"]["cases"] == 3
     # the refresh's unsteady fwd+bwd does not count as timed on the new path: a train refresh takes "near" again
     assert "near" in {s.label for s in tune.refresh_cases([f], "train")}
+    # a resumed sweep runs again a case with no steady fwd+bwd ("gone"; "half", whose only line lost it), not the rest
+    half = _header(tune.SECOND_CALL_RECORDING_SINCE + "T22:00:00+00:00"), pruned(_train_case("half", 31.0, 1.0, 1.0),
+                                                                                  "fwdbwd")
+    assert tune.done_labels([*lines, *half]) == {"near", "slow", "steady"}
 
 
 def test_a_train_refresh_picks_the_half_precision_training_cases_near_the_crossover_not_yet_timed_again(tmp_path):

@@ -433,7 +433,7 @@ def run(out: Path, shard: tuple[int, int] = (1, 1), budget_s: float = 1500.0, qu
     i, n = shard
     mine = cases[i - 1::n]
     done_lines = _read_lines(out)
-    done = {r["shape"]["label"] for r in done_lines if "shape" in r}
+    done = done_labels(done_lines)
     header = {"header": True, "schema": SCHEMA, "environment": environment(), "device": device,
               "grid": {k: list(v) for k, v in grid.items()}, "shard": f"{i}/{n}", "planned": len(mine),
               "refine": [str(f) for f in refine_from or []], "refresh": [str(f) for f in refresh or []],
@@ -529,7 +529,7 @@ def compile_only(shard: tuple[int, int] = (1, 1), quick: bool = False, max_cases
     device = measuring_device("tune --compile-only")
     grid = QUICK if (quick or device == "cpu") else FEATURES
     i, n = shard
-    done = {r["shape"]["label"] for r in _read_lines(skip_done) if "shape" in r} if skip_done else set()
+    done = done_labels(_read_lines(skip_done)) if skip_done else set()
     # the held-out shapes first (validate times every candidate there, the libraries' own calls too: on
     # 2026-12-01 it ran 5 of 11 shapes in 150 s, compiling), then the plan's cases not yet measured
     held_out = [] if refresh else validation_shapes(grid is QUICK)
@@ -783,6 +783,13 @@ def steady_cases(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 continue
         out.append(r)
     return out
+
+
+def done_labels(lines: list[dict[str, Any]]) -> set[str]:
+    """The cases a resumed sweep need not run again: those whose every pass (fwd, and fwdbwd for training) has a
+    steady measurement (`steady_cases`); a case that lost a pass there is planned again."""
+    return {r["shape"]["label"] for r in latest_passes(steady_cases(lines))
+            if set(r.get("cell", {})) >= ({"fwd", "fwdbwd"} if r["shape"].get("train") else {"fwd"})}
 
 
 def cold_pruned(r: dict[str, Any], ps: str) -> bool:
