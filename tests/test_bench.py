@@ -150,9 +150,24 @@ def test_host_profile_names_where_a_calls_host_time_goes():
     assert any("slow_python" in name or "genexpr" in name for name in prof["top_own_us"])
 
 
+def test_replay_counts_say_what_fa4s_replay_did_over_a_candidates_steady_calls(monkeypatch):
+    """bench --compiled's diagnosis of a compiled FA4 step's host time: replayed, or FA4's own path every call."""
+    from attnkit.bench import compiled
+    from attnkit.runtime.backends import fa4_replay
+
+    monkeypatch.setattr(fa4_replay, "STATS", dict.fromkeys(fa4_replay.STATS, 0))
+
+    def own_path_step():  # a step whose forward replays and whose backward runs FA4's own path
+        fa4_replay.STATS["replayed"] += 1
+        fa4_replay.STATS["own_path"] += 1
+
+    assert compiled.replay_counts(own_path_step, calls=4) == {"replayed": 4, "own_path": 4}
+    assert compiled.replay_counts(lambda: None) == {}  # no FA4 in the call: nothing counted
+
+
 @pytest.mark.parametrize(("name", "jit"), [("attnkit:flash_attn4", True), ("flash_attn4", True), ("attnkit:flex", True),
                                            ("attnkit:sdpa", False), (candidates.PLAIN, False), (candidates.AUTO, False),
                                            ("attnkit:no_such_backend", False)])
 def test_compiles_names_the_jit_candidates_by_their_backend(name, jit):
-    # the sweep warms these twice before pruning (bench/run.py) and compiles only these in its CPU shards (tune.py)
+    # the sweep warms these JIT_WARM_CALLS times before pruning (bench/run.py) and compiles only these in its CPU shards (tune.py)
     assert candidates.compiles(name) is jit

@@ -82,6 +82,18 @@ def host_profile(fn: Any, device: str, calls: int = 20, top: int = 12) -> dict[s
                            for (f, line, name), (_cc, _nc, tt, _ct, _callers) in rows}}
 
 
+def replay_counts(fn: Any, calls: int = 5) -> dict[str, int]:
+    """What FA4's replay (runtime/backends/fa4_replay.py) did over `calls` steady calls of `fn`, after the timings:
+    a compiled FA4 step that replays counts a replay per pass, one on FA4's own path counts `own_path` (its Python
+    host path runs every call), one still recording or checking counts those. Nonzero keys only."""
+    from attnkit.runtime.backends import fa4_replay
+
+    before = dict(fa4_replay.STATS)
+    for _ in range(calls):
+        fn()
+    return {k: v - before.get(k, 0) for k, v in fa4_replay.STATS.items() if v != before.get(k, 0)}
+
+
 def compare(s: Shape, device: str = "cuda", iters: int = 10, rounds: int = 4) -> dict[str, Any]:
     """One shape: eager and compiled raced side by side; outputs compared (kernels listed on CUDA)."""
     import torch
@@ -150,6 +162,7 @@ def compare(s: Shape, device: str = "cuda", iters: int = 10, rounds: int = 4) ->
             b2b = interleaved(fns, device, iters=rounds, calls=calls, seed=2)
             if device == "cuda":
                 try:  # a diagnosis beside the timings: a profiler failure must not cost the shape its row
+                    row.setdefault("fa4_replay", {})[ps] = {n: replay_counts(fn) for n, fn in fns.items()}
                     row["kernels"][ps] = {n: kernels(fn) for n, fn in fns.items()}
                     row.setdefault("host", {})[ps] = {n: host_profile(fn, device) for n, fn in fns.items()}
                 except Exception as e:
