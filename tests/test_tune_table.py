@@ -403,7 +403,7 @@ def test_slopes_that_require_grad_are_never_cached_and_get_their_gradient():
 
 # -- the sweep --------------------------------------------------------------------------------------------------
 
-def test_the_plan_covers_every_cell_and_every_level_and_any_prefix_is_balanced():
+def test_the_plan_covers_every_cell_and_every_level_and_any_prefix_is_balanced(monkeypatch):
     cases = tune.plan()
     cells = tune._cells(tune.FEATURES)
     basic = [c for c in cells if tune.basic(c)]
@@ -425,9 +425,21 @@ def test_the_plan_covers_every_cell_and_every_level_and_any_prefix_is_balanced()
     levels = [tune.DENSE_WORK_LOG2.index(int(s.label.split("|")[7][1:])) for s in dense]
     assert levels == sorted(levels) and levels[0] == 0  # level by level, the middle of the range first
     assert all(s.train == ("|decode|" not in s.label and "|few|" not in s.label) for s in dense)
-    # stage 1c: the equal-length ones of those again at each WIDE_WORK_LOG2 level, a 4x shorter sequence and a 16x
-    # larger batch: the same work (its long twin's table point), batch x heads 256-1024
+    # stage 1c: the plain packed cells in half precision at the common head dims, class by class (short first),
+    # each class at its PACKED_WORK_LOG2 levels
     start = 2 * len(basic) + n_dense
+    plain_packed = [c for c in cells if c[0] in tune.HALF and c[4] == "-" and c[5] != "no"]
+    n_packed = sum(len(tune.PACKED_WORK_LOG2[c[5]]) for c in plain_packed) * len(tune.COMMON_HEAD_DIMS)
+    packed = cases[start:start + n_packed]
+    classes = [s.label.split("|")[5] for s in packed]
+    assert classes == sorted(classes, key=list(tune.PACKED_WORK_LOG2).index) and classes[0] == "short"
+    assert {(tuple(s.label.split("|")[:6]), s.head_dim, int(s.label.split("|")[7][1:])) for s in packed} == {
+        (tuple(map(str, c)), d, w) for c in plain_packed for d in tune.COMMON_HEAD_DIMS
+        for w in tune.PACKED_WORK_LOG2[c[5]]}
+    assert all(s.train and s.lengths and len(s.lengths) <= 512 for s in packed)
+    start += n_packed
+    # stage 1d: the equal-length basic ones again at each WIDE_WORK_LOG2 level, a 4x shorter sequence and a 16x
+    # larger batch: the same work (its long twin's table point), batch x heads 256-1024
     n_wide = len([c for c in half if c[3] == "equal"]) * len(tune.COMMON_HEAD_DIMS) * len(tune.WIDE_WORK_LOG2)
     wide = cases[start:start + n_wide]
     assert all(s.label.endswith("|wide") and s.train for s in wide) and not any(
@@ -437,18 +449,27 @@ def test_the_plan_covers_every_cell_and_every_level_and_any_prefix_is_balanced()
         twin = tune.shape_for(cell, s.head_dim, float(s.label.split("|")[7][1:]), True, 0)
         assert (s.seqlen_q * tune.WIDE, s.batch) == (twin.seqlen_q, twin.batch * tune.WIDE ** 2)
         assert s.batch * s.seqlen_q ** 2 == twin.batch * twin.seqlen_q ** 2 and s.batch * s.heads >= 256
+    # a later stage's point that the packed stage measured already comes once, where it first comes
+    monkeypatch.setattr(tune, "packed", lambda *a: [])
+    unpacked = tune.plan()
+    packed_labels = {s.label for s in packed}
+    overlap = len(packed_labels & {s.label for s in unpacked})
     assert len(cases) == (tune.BASIC_POINTS * len(basic) + tune.POINTS_PER_CELL * (len(cells) - len(basic))
-                          + n_dense + n_wide)
-    # stage 2: every other cell once
-    n_dense += n_wide  # (the stages after 1c start that much later)
-    dense += wide
-    second = cases[2 * len(basic) + n_dense:len(basic) + len(cells) + n_dense]
-    assert len({key(s) for s in second}) == len(cells) - len(basic)
+                          + n_dense + n_packed + n_wide - overlap)
+    # stage 2: every other cell once (a cell whose first point the packed stage measured: there)
+    n_dense += n_packed + n_wide  # (the stages after 1d start that much later)
+    dense += packed + wide
+    a = 2 * len(basic) + n_dense
+    unpacked_second = unpacked[a - n_packed:a - n_packed + len(cells) - len(basic)]
+    second = cases[a:a + len(cells) - len(basic) - len([s for s in unpacked_second if s.label in packed_labels])]
+    assert [s.label for s in second] == [s.label for s in unpacked_second if s.label not in packed_labels]
+    assert len({key(s) for s in second} | {key(s) for s in packed}) == len(cells) - len(basic)
     assert not {key(s) for s in second} & {key(s) for s in head}
-    first = {tuple(s.label.split("|")[:6]) for s in cases[:len(basic) + len(cells) + n_dense]}
+    first = {tuple(s.label.split("|")[:6]) for s in cases[:a + len(second)]}
     assert len(first) == len(cells)  # the first two stages measure every cell
     assert {s.head_dim for s in cases} == set(tune.HEAD_DIMS)
-    assert {s.label.split("|")[7] for s in cases} == {f"w{w}" for w in (*tune.WORK_LOG2, *tune.DENSE_WORK_LOG2)}
+    assert {s.label.split("|")[7] for s in cases} == {f"w{w}" for w in (
+        *tune.WORK_LOG2, *tune.DENSE_WORK_LOG2, *(w for ws in tune.PACKED_WORK_LOG2.values() for w in ws))}
     assert {s.label.split("|")[7] for s in cases if s not in dense} == {f"w{w}" for w in tune.WORK_LOG2}
     assert len({s.label for s in cases}) == len(cases)
     for s in cases[:200]:

@@ -59,6 +59,9 @@ COMMON_HEAD_DIMS = (128, 64)  # the head dims of most models (Llama, Mistral, Qw
 DENSE_WORK_LOG2 = (35, 33, 37, 31, 29)  # `dense`: where training and prefill calls sit (32 heads, D128, batch 1: 2^32 at S1k, 2^38 at S8k)
 WIDE_WORK_LOG2 = (35, 33, 37)  # `wide`: the crossover of cuDNN and FA4 in training (2026-12-03 validate)
 WIDE = 4  # `wide`: the sequence 4x shorter than shape_for's, the batch 16x larger (the same work)
+# `packed`: work levels per length class, within what it reaches (shape_for packs at most 512 sequences; a short
+# case's call does ~4x its level's work: its longest sequence, 64, sets the padded length), short first
+PACKED_WORK_LOG2 = {"short": (27, 29, 25), "mixed": (31, 35), "long": (35, 37)}
 PRUNE = 3.0  # a backend 3x slower than the fastest in its first calls is not timed further (bench_shape's prune)
 FEATURES: dict[str, tuple[Any, ...]] = {"head_dim": HEAD_DIMS, "dtype": DTYPES, "causal": (True, False), "kv": tuple(KV),
             "query_shape": QUERY_SHAPES, "extra": EXTRAS, "varlen": VARLEN, "log2_work": WORK_LOG2,
@@ -185,11 +188,29 @@ def wide(cells: list[tuple[Any, ...]], order: list[int], train_ok: bool) -> list
     return out
 
 
+def packed(cells: list[tuple[Any, ...]], order: list[int], train_ok: bool) -> list[Shape]:
+    """The plain packed-varlen cells (no window, softcap or ALiBi) in half precision at COMMON_HEAD_DIMS, at each
+    length class's PACKED_WORK_LOG2 levels, class by class (short sequences first) and level by level, training
+    where the grid trains. Packed training batches and packed encoders are common calls, and the plan reached
+    these cells only among "every other cell", one or two points each at the work a length class barely reaches.
+    On 2026-12-04 the held-out packed encoder (64 sequences of 24-200) and 400 very short sequences at D32 found
+    no near point in their cells and got 0.43-0.79 of the fastest: short sequences go first, since no other
+    stage measures them near the work such batches do."""
+    out = []
+    for cls, levels in PACKED_WORK_LOG2.items():
+        for lw in levels:
+            for hd in COMMON_HEAD_DIMS:
+                out += [shape_for(cells[i], hd, float(lw), train_ok, seed=i) for i in order
+                        if cells[i][0] in HALF and cells[i][4] == "-" and cells[i][5] == cls]
+    return out
+
+
 def plan(grid: dict[str, tuple[Any, ...]] | None = None, points: int | None = None) -> list[Shape]:
     """The fractional design, in stages whose every prefix is balanced over the stage's cells: the basic cells'
     first two points (head dims COMMON_HEAD_DIMS, the ones most models use), then those cells in half precision
-    at the common head dims on a finer lattice in work (`dense`), then those with equal lengths again at a
-    shorter sequence and a larger batch (`wide`), then every other cell's first point, then the rest. A session's timed budget measures 100-200 cases (191 in 380 s on 2026-12-03): the first ones measure the calls most models make, at
+    at the common head dims on a finer lattice in work (`dense`), then the plain packed cells (`packed`), then the
+    basic cells with equal lengths again at a shorter sequence and a larger batch (`wide`), then every other
+    cell's first point, then the rest. A session's timed budget measures 100-200 cases (191 in 380 s on 2026-12-03): the first ones measure the calls most models make, at
     their head dims, before the features few of them use."""
     grid = grid or FEATURES
     quick = grid is QUICK
@@ -222,7 +243,7 @@ def plan(grid: dict[str, tuple[Any, ...]] | None = None, points: int | None = No
     for want_basic, k in stages:
         out += [per_cell[i][k] for i in order if k < len(per_cell[i]) and basic(cells[i]) == want_basic]
         if (want_basic, k) == (True, 1) and not quick and points is None:
-            out += dense(cells, order, train_ok) + wide(cells, order, train_ok)
+            out += dense(cells, order, train_ok) + packed(cells, order, train_ok) + wide(cells, order, train_ok)
     first: dict[str, Shape] = {}
     for s in out:  # a lattice point the grid has already: measured once, where it first comes
         first.setdefault(s.label, s)
