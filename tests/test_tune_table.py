@@ -80,6 +80,42 @@ def test_nearest_point_by_the_larger_normalised_distance_with_ties_to_the_larger
     assert table.distance(pt(128, 36, "a"), 128, 36 + table.RULE.far_log2 + 0.1) > 1.0
 
 
+def scored(hd: int, w: float, **scores: float) -> dict:
+    """A point as `tune --merge` writes it: its order, and each backend's mean worse-mode ratio to the fastest."""
+    return {"head_dim": hd, "log2_work": w, "order": sorted(scores, key=scores.get), "scores": scores}
+
+
+def test_blend_lets_the_near_points_of_the_deciding_cell_vote_and_the_sibling_dtype_with_them():
+    """Rule.blend: one point's order is one measurement (its near tie can be noise); the cell's near points vote,
+    each by the log of its scores, weighted by nearness. Chosen by leave-one-out over the sweep's own cases
+    (docs/results/2026-12-05-dev-tune-cross-check-blend.json), never by the validation shapes."""
+    key = "fwd|bfloat16|causal|mha|equal|-|-|-|no"
+    c = call(causal=True, requires_grad=False, seqlen_q=4096, seqlen_k=4096, heads=16, kv_heads=16, head_dim=128)
+    w = table.log2_work(c)
+    nearest = scored(128, round(w), a=1.0, b=1.02)  # a wins here by 2%
+    near = scored(128, round(w) + 1, a=1.6, b=1.0)  # b by 60%, one octave of work away
+    far = scored(128, round(w) + 9, a=1.0, b=9.0)  # too far to vote
+    plain, blended = table.Rule(blend=0.0), table.Rule(blend_sibling=False)
+    t = _table({key: [nearest, near, far]})
+    assert table.decide(c, t, plain).order == ("a", "b")
+    d = table.decide(c, t, blended)
+    assert d.order == ("b", "a") and not d.far and "1 more near point" in d.label
+    # a backend a near point did not score counts BLEND_MISSING there; one no point scored keeps the nearest's order
+    t = _table({key: [scored(128, round(w), a=1.0, b=1.05) | {"order": ["a", "b", "c"]},
+                      scored(128, round(w) + 1, a=1.1)]})
+    assert table.decide(c, t, blended).order == ("a", "b", "c")
+    # points without scores (a table from before scores were written): the nearest point alone, as before
+    t = _table({key: [pt(128, round(w), "a", "b"), pt(128, round(w) + 1, "b", "a")]})
+    assert table.decide(c, t, blended).order == ("a", "b")
+    # blend_sibling: the float16 twin's near points vote with the bfloat16 cell's
+    twin = key.replace("bfloat16", "float16")
+    t = _table({key: [nearest], twin: [near]})
+    assert table.decide(c, t, blended).order == ("a", "b")
+    assert table.decide(c, t, table.RULE).order == ("b", "a")
+    with pytest.raises(ValueError, match="blend must be >= 0"):
+        table.Rule(blend=-1.0)
+
+
 def test_a_point_below_the_calls_head_dim_counts_farther_than_one_above():
     """Kernels pad a head dim up: a cliff lies above a measured head dim (flex float32, 0.98 ms at D64 and 33 ms at
     D128 in one decode cell of the sweep), so a point below the call stands for it less well than one above."""

@@ -671,6 +671,7 @@ def _merge(files: list[Path], arch: str | None) -> dict[str, Any]:
         ms = {n[len("attnkit:"):]: {m: round(v[ps][m], 5) for m in ("sync", "b2b")}
               for sc, r, ps in members[:1] for n, v in r["ms"].items() if n.startswith("attnkit:") and ps in v}
         cells.setdefault(cell, []).append({"head_dim": hd, "log2_work": lw, "order": ranked(mean) + ranked(rest),
+                                           "scores": {n: round(x, 4) for n, x in sorted(mean.items())},
                                            "cases": [r["shape"]["label"] for _, r, _ in members], "ms": ms})
     for pts in cells.values():
         pts.sort(key=lambda p: (p["head_dim"], p["log2_work"]))
@@ -712,7 +713,12 @@ CROSS_CHECK_RULES: dict[str, Rule | None] = {
     "+ other kv sharing and causality, far 4x, a relaxed feature 0.25 farther": Rule(step_cost=0.25),
     "+ other kv sharing and causality, far 4x, a relaxed feature 0.5 farther": Rule(step_cost=0.5),
     "+ other kv sharing and causality, far 4x, a relaxed feature 1.0 farther": Rule(step_cost=1.0),
-    "+ other kv sharing and causality, far 4x": Rule(),
+    "+ other kv sharing and causality, far 4x, the nearest point alone (until 2026-12-05)": Rule(blend=0.0),
+    "+ the deciding cell's near points blended (0.1)": Rule(blend=0.1, blend_sibling=False),
+    "+ the deciding cell's near points blended (1.0)": Rule(blend=1.0, blend_sibling=False),
+    "+ the deciding cell's near points blended (0.25)": Rule(blend=0.25, blend_sibling=False),
+    "+ the deciding cell's and its sibling dtype's near points blended (1.0)": Rule(blend=1.0),
+    "+ the deciding cell's and its sibling dtype's near points blended (0.25)": Rule(),
 }
 
 

@@ -21,6 +21,12 @@ The rule, in full (`RULE`, a `Rule`: its knobs are data, so `attnkit tune --cros
    fastest over both timing modes (a sync after every call, and back to back), so a backend that only wins one
    mode does not lose the other by much. Then the architecture's full default order (runtime/priority.py), so a
    table never hides a backend: one missing here (FA4 not installed) falls through to the next.
+   BLEND (`Rule.blend`, since 2026-12-05): where the deciding cell (with its sibling dtype) has several near
+   points, they vote: each backend ranked by the weighted mean log of its score at each (that worst ratio,
+   averaged over the point's cases; BLEND_MISSING where a point did not time it), a point weighted
+   1 / (blend + its distance). One point's order is one measurement, whose near ties are noise; leave-one-out
+   over the 624 shipped cases: 0.957 / 0.946 against 0.944 / 0.935 for the nearest point alone, and 83.3% of calls
+   at >= 0.90 in both modes against 80.2% (docs/results/2026-12-05-dev-tune-cross-check-blend.json).
 4. No table for the GPU's architecture, none of the call's cells, or only far points: the hand-written rows of
    runtime/priority.py decide, and the decision says which table point was too far. The opt-in autotune
    ($ATTNKIT_AUTOTUNE=1) measures such calls on the spot.
@@ -75,12 +81,21 @@ class Rule:
     # > 0: a neighbour's point counts this much farther per feature it relaxes (kv sharing, causality), and the
     # least such distance decides instead of the first near cell in rule 1's order (0: that order, as before)
     step_cost: float = 0.0
+    # > 0: the deciding cell's near points (distance <= 1) vote together instead of its nearest alone: each
+    # backend scored by the weighted mean log of its score at each point (its worse-mode ratio to the fastest,
+    # averaged over the point's cases), a point weighted 1 / (blend + its distance); a backend a point did not
+    # time in all its cases counts BLEND_MISSING there (0: the nearest point's order alone, the rule until
+    # 2026-12-05; 0.1-1.0 scored alike in leave-one-out)
+    blend: float = 0.25
+    blend_sibling: bool = True  # blend: the deciding cell's sibling dtype's near points vote too
 
     def __post_init__(self) -> None:
         if not (self.far_log2 > 0 and self.far_head_dim_log2 > 0):
             raise ValueError("Rule: far_log2 and far_head_dim_log2 must be > 0")
         if not self.step_cost >= 0:
             raise ValueError("Rule: step_cost must be >= 0")
+        if not self.blend >= 0:
+            raise ValueError("Rule: blend must be >= 0")
         if not self.head_dim_up >= 1:
             raise ValueError("Rule: head_dim_up must be >= 1 (a smaller head dim counts as far or farther)")
         unknown = [r for r in self.relax if r not in ("kv", "causal")]
@@ -273,4 +288,30 @@ def decide(call: AttentionCall, table: dict[str, Any], rule: Rule = RULE) -> Dec
         return None
     far, _, _, k, pt = min(found, key=lambda f: f[:3])
     label = f"{table.get('arch', '?')} {k} D{pt['head_dim']} log2(work)={pt['log2_work']:g}"
+    if rule.blend > 0 and not far:
+        pool = table["cells"][k] + (table["cells"].get(sibling(k) or "", []) if rule.blend_sibling else [])
+        near = [(distance(p, hd, w, rule), p) for p in pool]
+        near = [(d, p) for d, p in near if d <= 1.0 and p.get("scores")]
+        if len(near) > 1 and pt.get("scores"):
+            order = blended_order(near, rule.blend, pt["order"])
+            return Decision("table", f"{label} and {len(near) - 1} more near point(s) of that cell", order)
     return Decision("table", label, tuple(pt["order"]), far=far)
+
+
+BLEND_MISSING = 3.0  # a backend a near point did not time counts this much slower than its fastest (tune's PRUNE)
+
+
+def blended_order(near: list[tuple[float, dict[str, Any]]], blend: float, first: list[str]) -> tuple[str, ...]:
+    """Rule.blend: the backends scored at any of `near` (distance, point), by their weighted mean log score;
+    ties, and backends no near point scored, in the nearest point's order."""
+    total: dict[str, float] = {}
+    weights = 0.0
+    names = {n for _, p in near for n in p["scores"]}
+    for d, p in near:
+        wt = 1.0 / (blend + d)
+        weights += wt
+        for n in names:
+            total[n] = total.get(n, 0.0) + wt * math.log(max(1.0, p["scores"].get(n, BLEND_MISSING)))
+    rank = {n: i for i, n in enumerate(first)}
+    scored = sorted(names, key=lambda n: (total[n] / weights, rank.get(n, len(rank))))
+    return tuple(scored) + tuple(n for n in first if n not in names)
