@@ -99,7 +99,7 @@ def test_blend_lets_the_near_points_of_the_deciding_cell_vote_and_the_sibling_dt
     t = _table({key: [nearest, near, far]})
     assert table.decide(c, t, plain).order == ("a", "b")
     d = table.decide(c, t, blended)
-    assert d.order == ("b", "a") and not d.far and "1 more near point" in d.label
+    assert d.order == ("b", "a") and not d.far and "blended with 1 more near point" in d.label
     # a backend a near point did not score counts BLEND_MISSING there; one no point scored keeps the nearest's order
     t = _table({key: [scored(128, round(w), a=1.0, b=1.05) | {"order": ["a", "b", "c"]},
                       scored(128, round(w) + 1, a=1.1)]})

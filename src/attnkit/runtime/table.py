@@ -294,7 +294,7 @@ def decide(call: AttentionCall, table: dict[str, Any], rule: Rule = RULE) -> Dec
         near = [(d, p) for d, p in near if d <= 1.0 and p.get("scores")]
         if len(near) > 1 and pt.get("scores"):
             order = blended_order(near, rule.blend, pt["order"])
-            return Decision("table", f"{label} and {len(near) - 1} more near point(s) of that cell", order)
+            return Decision("table", f"{label}, blended with {len(near) - 1} more near point(s)", order)
     return Decision("table", label, tuple(pt["order"]), far=far)
 
 
