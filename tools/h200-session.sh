@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # One H200 session's work as ONE background job, so that the machine's 30 minutes go to GPU work and not to
 # commands waiting on each other (the machine is held while a command runs and kept 30 s after it).
+#   aside     here, before the session (2026-12-05): docs/results/ (37 MB of the 41 MB tree; every call sends the
+#             tree) moved to ../attnkit-results-aside, its tune .jsonl files copied back (TUNE_FROM reads them), so
+#             the two fa4-bundle halves travel in two calls (prep with .fa4a .oracle, start with .fa4b .whl) and no
+#             `split`/`stage` is needed; `back` restores it before anything is committed (both refuse to overwrite)
 #   prep      call 1 (carry .fa4a .oracle .whlA): FlashAttention-4's first half and flash-attn's tests file to
 #             /root, pydantic installed (.whlA may come with `stage` instead)
 #   stage     optional call 2, and 3 (carry .fa4b [.whlA], then .fa4d) when the tree is too large for .fa4b and .whl
@@ -44,7 +48,7 @@ set -uo pipefail
 # everything this script writes and removes is under $S (its own folder), or /root/fa4 when that is a bundle half
 S=${ATTNKIT_SESSION_DIR:-/root/attnkit-session}
 OUT=${OUT:-/tmp/out}; R=$S/results
-[ "${1:-wait}" = split ] || mkdir -p "$OUT" "$R"   # split runs here, before the session: it writes only .fa4c
+case ${1:-wait} in split|aside|back) ;; *) mkdir -p "$OUT" "$R" ;; esac   # these three run here, before the session
 ORACLE_OWN=${ORACLE_OWN:-360}; ORACLE_FORCED=${ORACLE_FORCED:-300}; TUNE_COMPILE=${TUNE_COMPILE:-200}
 TUNE_BUDGET=${TUNE_BUDGET:-300}; VALIDATE_S=${VALIDATE_S:-240}; HF_S=${HF_S:-300}; COMPILED_S=${COMPILED_S:-240}; REPLAY_S=${REPLAY_S:-240}; TRAIN_S=${TRAIN_S:-240}; REFRESH_COMPILE=${REFRESH_COMPILE:-150}; REFRESH_BUDGET=${REFRESH_BUDGET:-280}; SHARDS=${SHARDS:-16}
 step=${1:-wait}
@@ -261,6 +265,17 @@ case $step in
     for part in .fa4?/libs.part.*; do cp "$part" /root/fa4/ || exit 1; done
     if [ -d .whlA ]; then python3 -m pip install -q --no-index --no-deps --no-compile .whlA/*.whl || exit 1; fi
     ls -la /root/fa4 | tail -3 ;;
+  aside)   # here: docs/results/ out of the tree that travels, its sweep files back in
+    away=../attnkit-results-aside
+    [ -e "$away" ] && { echo "aside: $away exists (an earlier aside not brought back?): run 'back' or look at it"; exit 1; }
+    [ -d docs/results ] || { echo "aside: no docs/results here (run it in the checkout's root)"; exit 1; }
+    mv docs/results "$away" && mkdir docs/results && cp "$away"/*.jsonl docs/results/ &&
+      echo "docs/results aside in $away (its .jsonl copied back); run 'tools/h200-session.sh back' before committing" ;;
+  back)    # here: docs/results/ as it was (the sweep files copied back are the same files)
+    away=../attnkit-results-aside
+    [ -d "$away" ] || { echo "back: nothing aside ($away does not exist)"; exit 1; }
+    for f in docs/results/*; do [ -e "$away/$(basename "$f")" ] || { echo "back: docs/results/$(basename "$f") is new: move it to $away first"; exit 1; }; done
+    rm -rf docs/results && mv "$away" docs/results && git status --short docs/results | head -5 ;;
   split)   # here, before the session: .fa4a's small wheels to .fa4c (2026-12-02: a 26 MB tree + .fa4a was 66 MiB)
     mkdir -p .fa4c && { ! ls .fa4a/*.whl > /dev/null 2>&1 || mv .fa4a/*.whl .fa4c/; } || exit 1
     grep -qx "/.fa4c/" .git/info/exclude 2>/dev/null || echo "/.fa4c/" >> .git/info/exclude
@@ -298,5 +313,5 @@ case $step in
     deadline=$(( $(date +%s) + ${2:-540} ))
     while ! grep -q DONE "$R/phases.log" 2>/dev/null && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
     pack ;;
-  *) echo "unknown step $step (split | prep | stage | start | wait [S] | job)"; exit 2 ;;
+  *) echo "unknown step $step (aside | back | split | prep | stage | start | wait [S] | job)"; exit 2 ;;
 esac
