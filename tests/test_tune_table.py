@@ -242,6 +242,10 @@ def test_a_far_point_does_not_decide(tables):
     ({"schema": 1, "cells": []}, "'cells' must map"),
     ({"schema": 1, "cells": {"x": []}}, "cell 'x' has no points"),
     ({"schema": 1, "cells": {"x": [{"head_dim": "64", "log2_work": 3, "order": ["a"]}]}}, "each point needs"),
+    ({"schema": 1, "cells": {"x": [{"head_dim": 64, "log2_work": 3, "order": ["a"], "scores": {"a": "1"}}]}},
+     "scores must map backend names to ratios >= 1"),
+    ({"schema": 1, "cells": {"x": [{"head_dim": 64, "log2_work": 3, "order": ["a"], "scores": {"a": 0.5}}]}},
+     "scores must map"),
 ])
 def test_a_bad_table_is_one_line_naming_the_file(tables, bad, msg):
     write(tables, bad)

@@ -187,6 +187,12 @@ def validate(data: Any, where: str) -> dict[str, Any]:
                     and pt["order"] and all(isinstance(n, str) for n in pt["order"])):
                 raise TableError(f"{where}: cell {key!r}: each point needs head_dim (int), log2_work (number) and "
                                  "a non-empty order (backend names)")
+            sc = pt.get("scores")
+            if sc is not None and not (isinstance(sc, dict) and all(
+                    isinstance(n, str) and isinstance(x, (int, float)) and not isinstance(x, bool)
+                    and 1.0 <= x < float("inf") for n, x in sc.items())):
+                raise TableError(f"{where}: cell {key!r}: a point's scores must map backend names to ratios >= 1 "
+                                 "(tune --merge writes them)")
     return data
 
 
