@@ -274,7 +274,9 @@ case $step in
   back)    # here: docs/results/ as it was (the sweep files copied back are the same files)
     away=../attnkit-results-aside
     [ -d "$away" ] || { echo "back: nothing aside ($away does not exist)"; exit 1; }
-    for f in docs/results/*; do [ -e "$away/$(basename "$f")" ] || { echo "back: docs/results/$(basename "$f") is new: move it to $away first"; exit 1; }; done
+    for f in docs/results/*; do   # what is here is aside too, unchanged: nothing is lost by putting it back
+      cmp -s "$f" "$away/$(basename "$f")" || { echo "back: docs/results/$(basename "$f") is new or changed: move it to $away first"; exit 1; }
+    done
     rm -rf docs/results && mv "$away" docs/results && git status --short docs/results | head -5 ;;
   split)   # here, before the session: .fa4a's small wheels to .fa4c (2026-12-02: a 26 MB tree + .fa4a was 66 MiB)
     mkdir -p .fa4c && { ! ls .fa4a/*.whl > /dev/null 2>&1 || mv .fa4a/*.whl .fa4c/; } || exit 1
