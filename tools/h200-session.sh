@@ -2,7 +2,8 @@
 # One H200 session's work as ONE background job, so that the machine's 30 minutes go to GPU work and not to
 # commands waiting on each other (the machine is held while a command runs and kept 30 s after it).
 #   aside     here, before the session (2026-12-05): docs/results/ (37 MB of the 41 MB tree; every call sends the
-#             tree) moved to ../attnkit-results-aside, its tune .jsonl files copied back (TUNE_FROM reads them), so
+#             tree) moved to .results-aside/ in the checkout (git-ignored through .git/info/exclude, so it does not
+#             travel), its tune .jsonl files copied back (TUNE_FROM reads them), so
 #             the two fa4-bundle halves travel in two calls (prep with .fa4a .oracle, start with .fa4b .whl) and no
 #             `split`/`stage` is needed; `back` restores it before anything is committed (both refuse to overwrite)
 #   prep      call 1 (carry .fa4a .oracle .whlA): FlashAttention-4's first half and flash-attn's tests file to
@@ -266,13 +267,14 @@ case $step in
     if [ -d .whlA ]; then python3 -m pip install -q --no-index --no-deps --no-compile .whlA/*.whl || exit 1; fi
     ls -la /root/fa4 | tail -3 ;;
   aside)   # here: docs/results/ out of the tree that travels, its sweep files back in
-    away=../attnkit-results-aside
+    away=.results-aside
     [ -e "$away" ] && { echo "aside: $away exists (an earlier aside not brought back?): run 'back' or look at it"; exit 1; }
+    grep -qx "/$away/" .git/info/exclude 2>/dev/null || echo "/$away/" >> .git/info/exclude
     [ -d docs/results ] || { echo "aside: no docs/results here (run it in the checkout's root)"; exit 1; }
     mv docs/results "$away" && mkdir docs/results && cp "$away"/*.jsonl docs/results/ &&
       echo "docs/results aside in $away (its .jsonl copied back); run 'tools/h200-session.sh back' before committing" ;;
   back)    # here: docs/results/ as it was (the sweep files copied back are the same files)
-    away=../attnkit-results-aside
+    away=.results-aside
     [ -d "$away" ] || { echo "back: nothing aside ($away does not exist)"; exit 1; }
     for f in docs/results/*; do   # what is here is aside too, unchanged: nothing is lost by putting it back
       cmp -s "$f" "$away/$(basename "$f")" || { echo "back: docs/results/$(basename "$f") is new or changed: move it to $away first"; exit 1; }
