@@ -31,6 +31,8 @@
 #               (ORACLE_FORCED s; 0 leaves it out), merged;
 #             hf: the HF training step eager and compiled (HF_S s); compiled: bench --compiled (COMPILED_S s);
 #             replay: FA4's forward replay, exact and timed (tools/probe-fa4-replay.py, REPLAY_S s);
+#             varlen: a packed call's routes against the plain padded call, kernels counted
+#               (tools/probe-varlen-padded.py, VARLEN_S s);
 #             train: FA4's training path replayed (forward and backward), close and timed (tools/probe-fa4-train.py,
 #               TRAIN_S s);
 #             refresh: TUNE_FROM's forward passes that FA4 ran (REFRESH_FROM's only, when set), timed again
@@ -51,7 +53,7 @@ S=${ATTNKIT_SESSION_DIR:-/root/attnkit-session}
 OUT=${OUT:-/tmp/out}; R=$S/results
 case ${1:-wait} in split|aside|back) ;; *) mkdir -p "$OUT" "$R" ;; esac   # these three run here, before the session
 ORACLE_OWN=${ORACLE_OWN:-360}; ORACLE_FORCED=${ORACLE_FORCED:-300}; TUNE_COMPILE=${TUNE_COMPILE:-200}
-TUNE_BUDGET=${TUNE_BUDGET:-300}; VALIDATE_S=${VALIDATE_S:-240}; HF_S=${HF_S:-300}; COMPILED_S=${COMPILED_S:-240}; REPLAY_S=${REPLAY_S:-240}; TRAIN_S=${TRAIN_S:-240}; REFRESH_COMPILE=${REFRESH_COMPILE:-150}; REFRESH_BUDGET=${REFRESH_BUDGET:-280}; SHARDS=${SHARDS:-}
+TUNE_BUDGET=${TUNE_BUDGET:-300}; VALIDATE_S=${VALIDATE_S:-240}; HF_S=${HF_S:-300}; COMPILED_S=${COMPILED_S:-240}; REPLAY_S=${REPLAY_S:-240}; TRAIN_S=${TRAIN_S:-240}; REFRESH_COMPILE=${REFRESH_COMPILE:-150}; REFRESH_BUDGET=${REFRESH_BUDGET:-280}; VARLEN_S=${VARLEN_S:-120}; SHARDS=${SHARDS:-}
 step=${1:-wait}
 
 phase() { echo "$(date +%T) $*" | tee -a "$R/phases.log"; }
@@ -204,6 +206,16 @@ train() {
   fi
 }
 
+varlen() {
+  # a packed call's routes against the plain padded call, with each step's kernel count (tools/probe-varlen-padded.py,
+  # VARLEN_S s): where the padded route's ~500 us over the plain call went on 2026-12-04
+  if on "$VARLEN_S" "varlen routes probe"; then
+  phase "varlen routes probe"
+  timeout -k 15 "$VARLEN_S" python3 tools/probe-varlen-padded.py "$R/varlen-padded.json" > "$R/varlen-padded.log" 2>&1
+  phase "varlen routes probe rc=$?"
+  fi
+}
+
 tune() {
   local i
   if on "$TUNE_BUDGET" tune && on "$TUNE_COMPILE" "tune (its compile phase)"; then
@@ -249,7 +261,7 @@ job() {
   local p
   for p in ${ORDER:-checks hf compiled tune}; do
     [ "$p" = tune ] || table_in_use   # every phase after a sweep runs on its table
-    case $p in checks|hf|compiled|tune|replay|refresh|train) $p ;; *) phase "skipped: unknown phase '$p' in ORDER (checks hf compiled tune replay refresh train)" ;; esac
+    case $p in checks|hf|compiled|tune|replay|refresh|train|varlen) $p ;; *) phase "skipped: unknown phase '$p' in ORDER (checks hf compiled tune replay refresh train varlen)" ;; esac
   done
   phase "DONE"
 }
