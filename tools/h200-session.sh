@@ -26,8 +26,8 @@
 #   job       the phases in ORDER (default "checks hf compiled tune"), each writing under $S/results (a phase's
 #             failure is logged, the next one runs):
 #             checks: smoke (beside the oracle; SMOKE_ONLY=none leaves it out, SMOKE_SPLIT=attnkit runs only
-#               attention()'s own rows, in 3 processes); oracle: flash-attn's grid in 16
-#               processes side by side, the own pick over the whole grid (ORACLE_OWN s), then every backend forced
+#               attention()'s own rows, in 3 processes); oracle: flash-attn's grid in SHARDS
+#               processes side by side (16 on a card over 100 GB, else 8), the own pick over the whole grid (ORACLE_OWN s), then every backend forced
 #               (ORACLE_FORCED s; 0 leaves it out), merged;
 #             hf: the HF training step eager and compiled (HF_S s); compiled: bench --compiled (COMPILED_S s);
 #             replay: FA4's forward replay, exact and timed (tools/probe-fa4-replay.py, REPLAY_S s);
@@ -39,7 +39,7 @@
 #               (REFRESH_KIND=train: the training cases near the cuDNN / FA4 crossover instead, both passes)
 #               (compile REFRESH_COMPILE s, timed REFRESH_BUDGET s) and merged over TUNE_FROM into
 #               $R/selection/sm90.json;
-#             tune: the plan's JIT kernels (FA4, flex) and the held-out shapes' compiled by 16 CPU shards
+#             tune: the plan's JIT kernels (FA4, flex) and the held-out shapes' compiled by SHARDS CPU shards
 #               (TUNE_COMPILE s), the timed sweep alone on the GPU over what they compiled (TUNE_BUDGET s;
 #               ONLY_COMPILED=0 times the rest too), merged into sm90.json + PNG; --validate against that table
 #               (VALIDATE_S s; it writes each shape as it lands).
@@ -89,7 +89,7 @@ checks() {
     else others=; fi
   fi
   j=0
-  for g in $groups; do   # flex compiles: 4 inductor threads each, beside the oracle's 16 single-threaded shards
+  for g in $groups; do   # flex compiles: 4 inductor threads each, beside the oracle's SHARDS single-threaded shards
     j=$((j + 1))
     (TORCHINDUCTOR_COMPILE_THREADS=4 ATTNKIT_REPORT_DIR=$R $ak smoke --backend "$split" $(echo "$g" | sed 's/^/--case /; s/,/ --case /g') \
       --report "$R/smoke-$split-$j.json" > "$R/smoke-$split-$j.log" 2>&1; echo "smoke $split $j rc=$?" >> "$R/phases.log") &
@@ -252,9 +252,13 @@ job() {
   # the shards share one GPU: 16 beside the smoke's 3 processes fit an H200's 141 GB; on an 80 GB H100
   # (2026-12-05) 18 of 751 oracle cases (varlen ALiBi D256) and one smoke row failed with the driver's "out of
   # memory", so an 80 GB card runs 8 (SHARDS=N sets it)
+  # (the tune and refresh compile shards too: each runs its cases once on the GPU, up to 64 GiB a case; untested on
+  # an H100 at 8)
   local mem
   mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
-  [ -n "$SHARDS" ] || SHARDS=$([ "${mem:-0}" -ge 100000 ] && echo 16 || echo 8)
+  case $mem in ''|*[!0-9]*) mem=0 ;; esac   # no nvidia-smi, or "[N/A]": the smaller count
+  [ -n "$SHARDS" ] || SHARDS=$([ "$mem" -ge 100000 ] && echo 16 || echo 8)
+  case $SHARDS in ''|0|*[!0-9]*) phase "SHARDS='$SHARDS' is not a whole number above 0: 8"; SHARDS=8 ;; esac
   export PYTHONPATH=$S/src PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore ATTNKIT_CACHE_DIR=$S/ak-cache \
     ATTNKIT_MACHINE_LABEL=${ATTNKIT_MACHINE_LABEL:-h200}
   phase "job on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) ($mem MiB): $SHARDS shards"
