@@ -308,16 +308,12 @@ BLEND_MISSING = 3.0  # a backend a near point did not time counts this much slow
 
 
 def blended_order(near: list[tuple[float, dict[str, Any]]], blend: float, first: list[str]) -> tuple[str, ...]:
-    """Rule.blend: the backends scored at any of `near` (distance, point), by their weighted mean log score;
-    ties, and backends no near point scored, in the nearest point's order."""
-    total: dict[str, float] = {}
-    weights = 0.0
+    """Rule.blend: the backends scored at any of `near` (distance, point), by their weighted mean log score (the
+    weighted sum: every backend shares the weights, so it ranks alike); ties, and backends no near point scored,
+    in the nearest point's order."""
     names = {n for _, p in near for n in p["scores"]}
-    for d, p in near:
-        wt = 1.0 / (blend + d)
-        weights += wt
-        for n in names:
-            total[n] = total.get(n, 0.0) + wt * math.log(max(1.0, p["scores"].get(n, BLEND_MISSING)))
+    total = {n: sum(math.log(max(1.0, p["scores"].get(n, BLEND_MISSING))) / (blend + d) for d, p in near)
+             for n in names}
     rank = {n: i for i, n in enumerate(first)}
-    scored = sorted(names, key=lambda n: (total[n] / weights, rank.get(n, len(rank))))
+    scored = sorted(names, key=lambda n: (total[n], rank.get(n, len(rank))))
     return tuple(scored) + tuple(n for n in first if n not in names)
