@@ -1245,3 +1245,27 @@ def test_a_train_refresh_picks_the_half_precision_training_cases_near_the_crosso
                         "--out", str(tmp_path / "o.jsonl")], capture_output=True, text=True)
     assert r.returncode == 2 and "--refresh-train: not with --refresh-fwd" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_varlen_refresh_times_again_every_pass_of_the_packed_cases_torch_varlen_ran_before_its_direct_route(
+        tmp_path):
+    """`--refresh-varlen`: torch_varlen calls aten's varlen pair directly since TORCH_VARLEN_DIRECT_SINCE (its
+    custom-op host path cost ~0.8 ms per packed fwd+bwd), so the packed cases it ran in before are timed again,
+    training ones both passes; a dense case, a packed case it did not run, and one timed since are not."""
+    def packed(label: str, train: bool, names: tuple[str, ...]) -> dict:
+        r = _case(label, "fwd|bfloat16|full|mha|equal|-|-|-|short", 64, 28.0, {n: (1.0, 1.0) for n in names})
+        r["shape"].update(lengths=[7, 30, 12], train=train)
+        return r
+
+    old, new = _header("2026-12-04T12:00:00+00:00"), _header(tune.TORCH_VARLEN_DIRECT_SINCE + ":30+00:00")
+    lines = [old, packed("train", True, ("torch_varlen", "cudnn_ragged")), packed("fwd", False, ("torch_varlen",)),
+             packed("no varlen kernel timed", True, ("flash_attn4",)), packed("done", True, ("torch_varlen",)),
+             _case("dense", "fwd|bfloat16|full|mha|equal|-|-|-|no", 64, 28.0, {"torch_varlen": (1.0, 1.0)}),
+             new, packed("done", True, ("torch_varlen",))]
+    f = tmp_path / "t.jsonl"
+    f.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    shapes = tune.refresh_cases([f], "varlen")
+    assert [(s.label, s.train, s.lengths) for s in shapes] == [("train", True, (7, 30, 12)), ("fwd", False, (7, 30, 12))]
+    r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", "--refresh-varlen", str(f), "--refresh-train",
+                        str(f), "--out", str(tmp_path / "o.jsonl")], capture_output=True, text=True)
+    assert r.returncode == 2 and "--refresh-varlen: not with --refresh-train" in r.stderr

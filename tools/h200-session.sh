@@ -36,7 +36,9 @@
 #             train: FA4's training path replayed (forward and backward), close and timed (tools/probe-fa4-train.py,
 #               TRAIN_S s);
 #             refresh: TUNE_FROM's forward passes that FA4 ran (REFRESH_FROM's only, when set), timed again
-#               (REFRESH_KIND=train: the training cases near the cuDNN / FA4 crossover instead, both passes)
+#               (REFRESH_KIND=train: the training cases near the cuDNN / FA4 crossover instead, both passes;
+#               REFRESH_KIND=varlen: the packed cases torch_varlen ran, every pass, since its route changed;
+#               REFRESH_KIND="train varlen": both, one after the other, each with the budgets below)
 #               (compile REFRESH_COMPILE s, timed REFRESH_BUDGET s) and merged over TUNE_FROM into
 #               $R/selection/sm90.json;
 #             tune: the plan's JIT kernels (FA4, flex) and the held-out shapes' compiled by SHARDS CPU shards
@@ -158,32 +160,35 @@ compiled() {
 }
 
 refresh() {
-  # the sweep's forward measurements where FlashAttention-4 ran, timed again with its forward replay (fa4_replay):
-  # compile shards first (--compile-only --refresh-fwd), then the timed run over what they compiled, merged with
-  # TUNE_FROM (a refreshed case's forward pass replaces the old one; its fwd+bwd stays)
-  # REFRESH_FROM=<tune lines in the tree>: only those cases' forwards (copied by `start`), merged over TUNE_FROM
-  local from=$R/tune.jsonl refresh_flag=--refresh-fwd
+  # recorded cases whose backend's host path changed since, timed again: compile shards first (--compile-only
+  # --refresh-KIND), then the timed run over what they compiled, merged with TUNE_FROM (a refreshed pass replaces
+  # the old one). REFRESH_KIND, one or more of (tune.refresh_cases says which cases): fwd (FA4's forwards, its
+  # forward replay), train (training cases near the cuDNN / FA4 crossover), varlen (packed cases torch_varlen ran,
+  # its direct route); each kind gets REFRESH_COMPILE and REFRESH_BUDGET, all land in one refresh.jsonl
+  # REFRESH_FROM=<tune lines in the tree>: only those cases (copied by `start`), merged over TUNE_FROM
+  local from=$R/tune.jsonl kind flag i pids
   [ -n "${REFRESH_FROM:-}" ] && from=$R/refresh-from.jsonl
-  [ "${REFRESH_KIND:-fwd}" = train ] && refresh_flag=--refresh-train   # tune.refresh_cases says which cases
   if [ ! -s "$R/tune.jsonl" ]; then phase "skipped: refresh (no TUNE_FROM)"; return; fi
-  if on "$REFRESH_BUDGET" "fa4 forward refresh" && on "$REFRESH_COMPILE" "fa4 forward refresh (compile)"; then
-  phase "refresh compile"
+  on "$REFRESH_BUDGET" "refresh" && on "$REFRESH_COMPILE" "refresh (compile)" || return
   mkdir -p "$R/refresh" "$R/selection"
-  local i pids=()
-  for i in $(seq 1 "$SHARDS"); do
-    TORCHINDUCTOR_COMPILE_THREADS=1 timeout -k 15 "$REFRESH_COMPILE" $ak tune --compile-only "$refresh_flag" "$from" \
-      --shard "$i/$SHARDS" --out "$R/refresh.jsonl" --resume > "$R/refresh/compile-$i.log" 2>&1 < /dev/null &
-    pids+=($!)
+  for kind in ${REFRESH_KIND:-fwd}; do
+    case $kind in fwd|train|varlen) flag=--refresh-$kind ;; *) phase "skipped: refresh kind '$kind' (fwd, train, varlen)"; continue ;; esac
+    phase "refresh $kind compile"
+    pids=()
+    for i in $(seq 1 "$SHARDS"); do
+      TORCHINDUCTOR_COMPILE_THREADS=1 timeout -k 15 "$REFRESH_COMPILE" $ak tune --compile-only "$flag" "$from" \
+        --shard "$i/$SHARDS" --out "$R/refresh.jsonl" --resume > "$R/refresh/compile-$kind-$i.log" 2>&1 < /dev/null &
+      pids+=($!)
+    done
+    wait "${pids[@]}"
+    phase "refresh $kind timed"
+    $ak tune "$flag" "$from" --out "$R/refresh.jsonl" --resume --budget "$REFRESH_BUDGET" --only-compiled \
+      > "$R/refresh/tune-$kind.log" 2>&1
+    phase "refresh $kind rc=$? ($(grep -c '"shape"' "$R/refresh.jsonl" 2>/dev/null) cases in refresh.jsonl)"
   done
-  wait "${pids[@]}"
-  phase "refresh timed"
-  $ak tune "$refresh_flag" "$from" --out "$R/refresh.jsonl" --resume --budget "$REFRESH_BUDGET" --only-compiled \
-    > "$R/refresh/tune.log" 2>&1
-  phase "refresh rc=$? ($(grep -c '"shape"' "$R/refresh.jsonl" 2>/dev/null) cases)"
   $ak tune --merge "$R/tune.jsonl" "$R/refresh.jsonl" --table "$R/selection/sm90.json" --png "$R/tune-winners.png" \
     > "$R/refresh/merge.log" 2>&1
   phase "refresh merged rc=$?"
-  fi
 }
 
 replay() {

@@ -13,8 +13,13 @@ the validate's packed ones (tune.validation_shapes, the same lengths). Candidate
   cuDNN's backward may run, the output-gradient relayout hook (_sdpa.grad_like_output)
 - attention B: attnkit.attention(packed q, k, v, cu_seqlens..., backend=B) for each backend that serves the call,
   and attention() choosing (its pick per pass is recorded)
+- fa2-direct: torch's varlen FlashAttention kernels (aten._flash_attention_forward/backward, what
+  torch.nn.attention.varlen calls) under a plain autograd.Function, with no torch.library custom op between: is
+  torch_varlen's extra time in its kernels or in the custom ops' host path (2026-12-05, H100: torch_varlen's
+  fwd+bwd 1.48x the plain call's with 7 GPU ops against 9)?
 Each timed forward and forward+backward, with a sync after each step and back to back, and each step's GPU ops
-(kernels, copies and sets: torch.profiler), so a route's extra time is split into launches and the rest. Every
+and their summed GPU time (kernels, copies and sets: torch.profiler), so a route's extra time is split into GPU time
+and host time. Every
 candidate's output is checked against the plain call's once. The report is written after each row.
 
     python tools/probe-varlen-padded.py [OUT.json]
@@ -73,6 +78,8 @@ def candidates(s: Shape) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]
 
     cus = {"cu_seqlens_q": cu, "cu_seqlens_k": cu, "max_seqlen_q": m, "max_seqlen_k": m}
     fns: dict[str, tuple[Any, Any]] = {"plain": (lambda: sdpa(*padded), padded_g), "by-hand": (by_hand, g)}
+    if DEV == "cuda":
+        fns["fa2-direct"] = (lambda: _Fa2Varlen.apply(q, k, v, cu, m), g)
     absent: dict[str, str] = {}
     for be in (*BACKENDS, None):
         name = f"attention {be or 'auto'}"
@@ -97,6 +104,24 @@ def candidates(s: Shape) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]
     return runs, absent, extra
 
 
+class _Fa2Varlen(torch.autograd.Function):
+    """aten's varlen FlashAttention-2 pair with no custom op around it (not causal, no dropout)."""
+
+    @staticmethod
+    def forward(ctx: Any, q: Any, k: Any, v: Any, cu: Any, m: int) -> Any:
+        out, lse, rng, unused, _ = torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, m, m, 0.0, False, False)
+        ctx.save_for_backward(q, k, v, out, lse, cu, rng, unused)
+        ctx.m = m
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> Any:
+        q, k, v, out, lse, cu, rng, unused = ctx.saved_tensors
+        dq, dk, dv = torch.ops.aten._flash_attention_backward(g.contiguous(), q, k, v, out, lse, cu, cu, ctx.m, ctx.m,
+                                                              0.0, False, rng, unused)
+        return dq, dk, dv, None, None
+
+
 def packed_out(name: str, out: Any, extra: dict[str, Any]) -> Any:
     """A candidate's forward output as packed rows (plain's is the padded batch)."""
     if name == "plain":
@@ -117,18 +142,22 @@ def mismatches(outs: dict[str, Any], extra: dict[str, Any]) -> dict[str, float]:
     return bad
 
 
-def gpu_ops(fn: Any, leaves: tuple[Any, ...]) -> int | None:
-    """GPU ops (kernels, copies, sets) of one step (None on the CPU); no gradient is there to accumulate into."""
+def gpu_ops(fn: Any, leaves: tuple[Any, ...]) -> tuple[int, float, dict[str, float]] | tuple[None, None, None]:
+    """One profiled step: its GPU ops (kernels, copies, sets), their summed time in us, and the host ops that took
+    the most host time of their own (us); Nones on the CPU. No gradient is there to accumulate into."""
     if DEV != "cuda":
-        return None
+        return None, None, None
     from torch.profiler import ProfilerActivity, profile
 
     for t in leaves:
         t.grad = None
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    ops = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    host = sorted(prof.key_averages(), key=lambda a: -a.self_cpu_time_total)[:8]
+    return (len(ops), round(sum(e.time_range.elapsed_us() for e in ops), 1),
+            {a.key[:80]: round(a.self_cpu_time_total, 1) for a in host})
 
 
 def main() -> None:
@@ -136,7 +165,8 @@ def main() -> None:
     report = {"what": __doc__.split("\n\n")[0], "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name() if DEV == "cuda" else "cpu", "torch": torch.__version__,
               "unit": "us per step, median; sync: a device sync after every step; b2b: 20 steps then one sync; "
-                      "gpu_ops: kernels, copies and sets of one step",
+                      "gpu_ops: kernels, copies and sets of one step; gpu_us: their summed time; host_top_us: the host ops with the "
+                      "most host time of their own (one profiled step, profiler on)",
               "rows": rows}
     for s in shapes():
         runs, absent, extra = candidates(s)
@@ -155,14 +185,15 @@ def main() -> None:
             row = {"shape": s.label, "pass": ps, "tokens": extra["tokens"], "sequences": extra["sequences"],
                    "longest": extra["longest"], "auto_pick": extra["picks"].get(ps), "absent": absent,
                    "errors": errors, "outputs_off_plain": wrong,
-                   "us": {n: {"sync": round(sync[n] * 1e6, 1), "b2b": round(b2b[n] * 1e6, 1), "gpu_ops": ops[n]}
+                   "us": {n: {"sync": round(sync[n] * 1e6, 1), "b2b": round(b2b[n] * 1e6, 1), "gpu_ops": ops[n][0],
+                              "gpu_us": ops[n][1], "host_top_us": ops[n][2]}
                           for n in sel}}
             rows.append(row)
             base = row["us"].get("plain")
             print(f"{s.label} {ps}: " + "; ".join(
                 f"{n} {t['sync']:.0f}/{t['b2b']:.0f} us"
                 + (f" ({t['sync'] / base['sync']:.2f}x/{t['b2b'] / base['b2b']:.2f}x)" if base else "")
-                + ("" if t["gpu_ops"] is None else f", {t['gpu_ops']} GPU ops")
+                + ("" if t["gpu_ops"] is None else f", {t['gpu_ops']} GPU ops in {t['gpu_us']:.0f} us")
                 for n, t in row["us"].items()), flush=True)
             if len(sys.argv) > 1:  # after each row: a run cut by its timeout keeps what it measured
                 tmp = Path(sys.argv[1] + ".tmp")

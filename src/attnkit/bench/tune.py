@@ -334,7 +334,10 @@ def decision_order(result: dict[str, Any], ps: str) -> list[str]:
 # -- run, resume, merge --------------------------------------------------------------------------------------------
 
 REFRESHED_BY = "flash_attn4"  # the backend whose host path changed (runtime/backends/fa4_replay.py, fa4_ops.py)
-REFRESH_KINDS = ("fwd", "train")
+REFRESH_KINDS = ("fwd", "train", "varlen")
+# varlen: torch_varlen calls aten's varlen FlashAttention pair directly since this date (runtime/backends/
+# torch_varlen.py: its custom-op host path took 0.8 ms per packed fwd+bwd step); packed cases timed before it are stale
+TORCH_VARLEN_DIRECT_SINCE = "2026-12-05T16:00"
 REFRESH_TRAIN_WORK = (31.0, 37.0)  # `train` refresh: where cuDNN and FA4 cross in fwd+bwd (2026-12-03 validate)
 REFRESH_TRAIN_NEAR = 1.5  # ... and FA4 a contender there: within 1.5x of the fastest fwd+bwd (scores)
 # FA4's training path replayed (fa4_ops.eager_function) from this session on: lines under a header dated before it
@@ -351,19 +354,24 @@ def refresh_cases(files: list[Path], kind: str = "fwd") -> list[Shape]:
       REFRESH_TRAIN_NEAR of the fastest, both passes: FA4's training path now replays its forward too
       (fa4_ops.eager_function; before, autograd calls ran FA4's whole forward host path), and those are the
       points where cuDNN and FA4 trade places. A case already timed on that path (a line under a header dated
-      FA4_TRAIN_SINCE or later) is not timed again."""
+      FA4_TRAIN_SINCE or later) is not timed again.
+    - varlen: the packed cases torch_varlen ran, every pass they have, timed before TORCH_VARLEN_DIRECT_SINCE
+      (torch_varlen's host path changed: those packed cases' scores undervalue it)."""
     if kind not in REFRESH_KINDS:
         raise ValueError(f"refresh kind {kind!r}: one of {', '.join(REFRESH_KINDS)}")
     out: dict[str, Shape] = {}
     lo, hi = REFRESH_TRAIN_WORK
     lines = [r for f in files for r in _read_lines(f)]
     current = set()  # train: cases already timed on FA4's replayed training path (FA4_TRAIN_SINCE)
+    direct = set()  # varlen: cases already timed on torch_varlen's direct route (TORCH_VARLEN_DIRECT_SINCE)
     date = ""
     for r in lines:
         if r.get("header"):
             date = str((r.get("environment") or {}).get("date", ""))
-        elif ("shape" in r and date >= FA4_TRAIN_SINCE and "fwdbwd" in r.get("cell", {})  # a forward-only
-              and not unsteady_pruned(r, "fwdbwd", date)):  # refresh is not one, nor an unsteady fwd+bwd
+        elif "shape" in r and date >= TORCH_VARLEN_DIRECT_SINCE:
+            direct.add(r["shape"]["label"])
+        if ("shape" in r and date >= FA4_TRAIN_SINCE and "fwdbwd" in r.get("cell", {})  # a forward-only
+                and not unsteady_pruned(r, "fwdbwd", date)):  # refresh is not one, nor an unsteady fwd+bwd
             current.add(r["shape"]["label"])
     for r in latest_passes([r for f in files for r in steady_cases(_read_lines(f))]):
         d = dict(r["shape"])
@@ -371,6 +379,9 @@ def refresh_cases(files: list[Path], kind: str = "fwd") -> list[Shape]:
             if "fwd" not in r.get("ms", {}).get(f"attnkit:{REFRESHED_BY}", {}):
                 continue
             d["train"] = False
+        elif kind == "varlen":
+            if not (d.get("lengths") and r.get("ms", {}).get("attnkit:torch_varlen")) or d["label"] in direct:
+                continue
         else:
             fa4 = scores(r, "fwdbwd").get(REFRESHED_BY)
             plain = not (d.get("window") or d.get("lengths") or d.get("alibi") or d.get("softcap"))

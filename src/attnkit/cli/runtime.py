@@ -87,7 +87,7 @@ def _cmd_tune(a: argparse.Namespace) -> int:
                              f"--compile-only --out {a.out} --resume` first)")
     if a.rescore:
         other = other_mode("--merge", "--validate", "--plan", "--compile-only", "--refine", "--resume", "--cross-check",
-                           "--refresh-fwd", "--refresh-train", "--table")
+                           "--refresh-fwd", "--refresh-train", "--refresh-varlen", "--table")
         if other is not None:
             raise UsageError(f"--rescore: not with {other} (it reads a finished --validate report and runs nothing; "
                              "ATTNKIT_SELECTION_DIR chooses the table it decides from)")
@@ -149,10 +149,12 @@ def _cmd_tune(a: argparse.Namespace) -> int:
             print(s.label)
         print(f"{len(mine)} cases", file=sys.stderr)
         return 0
-    if a.refresh_fwd and a.refresh_train:
-        raise UsageError("--refresh-train: not with --refresh-fwd (one kind of refresh a run)")
-    flag, files, kind = (("--refresh-train", a.refresh_train, "train") if a.refresh_train
-                         else ("--refresh-fwd", a.refresh_fwd, "fwd"))
+    given = [(f, files, k) for f, files, k in (("--refresh-fwd", a.refresh_fwd, "fwd"),
+                                                ("--refresh-train", a.refresh_train, "train"),
+                                                ("--refresh-varlen", a.refresh_varlen, "varlen")) if files]
+    if len(given) > 1:
+        raise UsageError(f"{given[1][0]}: not with {given[0][0]} (one kind of refresh a run)")
+    flag, files, kind = given[0] if given else ("--refresh-fwd", None, "fwd")
     missing = next((f for f in files or () if not Path(f).is_file()), None)
     if missing is not None:
         raise UsageError(f"{flag}: {missing}: no such file (give earlier `attnkit tune --out` files)")
@@ -255,6 +257,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     tu.add_argument("--refresh-train", nargs="+", metavar="FILE", help="time again both passes of these results' "
                     "half-precision training cases near the cuDNN / FlashAttention-4 crossover (its training path "
                     "changed); --merge lets them replace the old ones")
+    tu.add_argument("--refresh-varlen", nargs="+", metavar="FILE", help="time again every pass of these results' "
+                    "packed cases that torch_varlen ran (its route changed); --merge lets them replace the old ones")
     tu.add_argument("--plan", action="store_true", help="print the planned cases (of --shard) and their count")
     tu.add_argument("--compile-only", action="store_true", help="run each case once, untimed, so JIT kernels are "
                                                                "compiled into their disk caches (shards side by side)")
