@@ -35,15 +35,21 @@ def _math(q, k, v, cu_q, cu_k, causal, scale):
 CALLS: list[str] = []
 
 
+def _longest(cu):
+    return int((cu[1:] - cu[:-1]).max())
+
+
 def fake_fwd(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, is_causal, return_debug_mask, *, scale=None):
     CALLS.append("fwd")
-    assert dropout_p == 0.0 and return_debug_mask is False and max_q >= int((cu_q[1:] - cu_q[:-1]).max())
+    assert dropout_p == 0.0 and return_debug_mask is False
+    assert (max_q, max_k) == (_longest(cu_q), _longest(cu_k))  # the tests' lengths: the maxima differ
     out, lse = _math(q, k, v, cu_q, cu_k, is_causal, scale)
     return out, lse, torch.tensor([7, 9]), torch.empty(0), torch.empty(0)
 
 
 def fake_bwd(grad, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dropout_p, is_causal, rng, unused, *, scale=None):
     CALLS.append("bwd")
+    assert (max_q, max_k) == (_longest(cu_q), _longest(cu_k)) and dropout_p == 0.0
     assert rng.tolist() == [7, 9] and unused.numel() == 0  # the forward's own, as SDPA's autograd formula passes
     assert torch.equal(out, _math(q, k, v, cu_q, cu_k, is_causal, scale)[0])
     with torch.enable_grad():
@@ -66,7 +72,7 @@ def _packed(kv_heads: int, lengths_q: list[int], lengths_k: list[int]):
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gradients_reach_their_inputs(kv_heads, causal):
-    q, k, v, p = _packed(kv_heads, [3, 1, 5], [4, 2, 5])
+    q, k, v, p = _packed(kv_heads, [3, 1, 5], [4, 2, 7])
     fn = tv.runner(SimpleNamespace(causal=causal, requires_grad=True), p, fake_fwd, tv.flash_varlen(fake_fwd, fake_bwd))
     CALLS.clear()
     out = fn(q, k, v)
@@ -82,14 +88,36 @@ def test_gradients_reach_their_inputs(kv_heads, causal):
         assert a.shape == b.shape and torch.allclose(a, b), name  # kv grads summed over the heads sharing them
 
 
-def test_forward_only_calls_build_no_autograd_node():
-    q, k, v, p = _packed(2, [2, 6], [2, 6])
-    fn = tv.runner(SimpleNamespace(causal=True, requires_grad=False), p, fake_fwd, tv.flash_varlen(fake_fwd, fake_bwd))
+def test_a_call_no_backward_follows_runs_the_forward_op_alone():
+    q, k, v, p = _packed(2, [2, 6], [3, 8])
+
+    class NoFunction:
+        @staticmethod
+        def apply(*args):
+            raise AssertionError("a forward-only call went through the autograd.Function")
+
+    fn = tv.runner(SimpleNamespace(causal=True, requires_grad=False), p, fake_fwd, NoFunction)
     CALLS.clear()
     with torch.no_grad():
         out = fn(q, k, v)
     assert CALLS == ["fwd"] and out.grad_fn is None
     assert torch.allclose(out, _math(q.detach(), k.detach(), v.detach(), p.cu_seqlens_q, p.cu_seqlens_k, True, 0.3)[0])
+
+
+@pytest.mark.parametrize("requires_grad", [True, False])
+def test_the_real_aten_pair_takes_these_arguments_on_meta_tensors(requires_grad):
+    """aten's own ops (their meta kernels: the shapes and the argument binding, no CUDA kernel), GQA 8/2 with kv
+    heads native: the output has q's shape, the gradients their inputs' shapes."""
+    q = torch.empty(37, 8, 64, device="meta", dtype=torch.float16, requires_grad=True)
+    k, v = (torch.empty(41, 2, 64, device="meta", dtype=torch.float16, requires_grad=True) for _ in range(2))
+    cu = torch.empty(4, device="meta", dtype=torch.int32)
+    p = SimpleNamespace(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=20, max_seqlen_k=25, scale=0.125)
+    out = tv.runner(SimpleNamespace(causal=True, requires_grad=requires_grad), p, tv._aten_pair()[0],
+                    tv._function())(q, k, v)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    if requires_grad:
+        out.backward(torch.empty_like(out))
+        assert [t.grad.shape for t in (q, k, v)] == [q.shape, k.shape, v.shape]
 
 
 def test_the_real_pair_is_aten_flash_attention():

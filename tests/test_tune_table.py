@@ -1257,11 +1257,18 @@ def test_a_varlen_refresh_times_again_every_pass_of_the_packed_cases_torch_varle
         r["shape"].update(lengths=[7, 30, 12], train=train)
         return r
 
+    def both(r: dict) -> dict:  # a training line as the sweep writes it: both passes timed
+        for t in r["ms"].values():
+            t["fwdbwd"] = dict(t["fwd"])
+        return r
+
     old, new = _header("2026-12-04T12:00:00+00:00"), _header(tune.TORCH_VARLEN_DIRECT_SINCE + ":30+00:00")
     lines = [old, packed("train", True, ("torch_varlen", "cudnn_ragged")), packed("fwd", False, ("torch_varlen",)),
              packed("no varlen kernel timed", True, ("flash_attn4",)), packed("done", True, ("torch_varlen",)),
+             packed("fwd done since", False, ("torch_varlen",)),
              _case("dense", "fwd|bfloat16|full|mha|equal|-|-|-|no", 64, 28.0, {"torch_varlen": (1.0, 1.0)}),
-             new, packed("done", True, ("torch_varlen",))]
+             new, both(packed("done", True, ("torch_varlen",))), packed("fwd done since", False, ("torch_varlen",)),
+             packed("train", True, ("torch_varlen",))]  # its forward alone since (a --refresh-fwd): fwd+bwd stale
     f = tmp_path / "t.jsonl"
     f.write_text("".join(json.dumps(x) + "\n" for x in lines))
     shapes = tune.refresh_cases([f], "varlen")

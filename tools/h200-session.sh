@@ -164,28 +164,34 @@ refresh() {
   # --refresh-KIND), then the timed run over what they compiled, merged with TUNE_FROM (a refreshed pass replaces
   # the old one). REFRESH_KIND, one or more of (tune.refresh_cases says which cases): fwd (FA4's forwards, its
   # forward replay), train (training cases near the cuDNN / FA4 crossover), varlen (packed cases torch_varlen ran,
-  # its direct route); each kind gets REFRESH_COMPILE and REFRESH_BUDGET, all land in one refresh.jsonl
+  # its direct route); each kind gets REFRESH_COMPILE and REFRESH_BUDGET and its own refresh-KIND.jsonl (a case two
+  # kinds share is done for one once it has that kind's passes: one file would let the first hide the second's),
+  # joined in REFRESH_KIND's order into refresh.jsonl (later lines' passes replace earlier ones: tune.latest_passes)
   # REFRESH_FROM=<tune lines in the tree>: only those cases (copied by `start`), merged over TUNE_FROM
   local from=$R/tune.jsonl kind flag i pids
   [ -n "${REFRESH_FROM:-}" ] && from=$R/refresh-from.jsonl
   if [ ! -s "$R/tune.jsonl" ]; then phase "skipped: refresh (no TUNE_FROM)"; return; fi
-  on "$REFRESH_BUDGET" "refresh" && on "$REFRESH_COMPILE" "refresh (compile)" || return
+  on "$REFRESH_BUDGET" "refresh" && on "$REFRESH_COMPILE" "refresh (compile)" || return 0
   mkdir -p "$R/refresh" "$R/selection"
+  local done_kinds=()
   for kind in ${REFRESH_KIND:-fwd}; do
     case $kind in fwd|train|varlen) flag=--refresh-$kind ;; *) phase "skipped: refresh kind '$kind' (fwd, train, varlen)"; continue ;; esac
     phase "refresh $kind compile"
     pids=()
     for i in $(seq 1 "$SHARDS"); do
       TORCHINDUCTOR_COMPILE_THREADS=1 timeout -k 15 "$REFRESH_COMPILE" $ak tune --compile-only "$flag" "$from" \
-        --shard "$i/$SHARDS" --out "$R/refresh.jsonl" --resume > "$R/refresh/compile-$kind-$i.log" 2>&1 < /dev/null &
+        --shard "$i/$SHARDS" --out "$R/refresh-$kind.jsonl" --resume > "$R/refresh/compile-$kind-$i.log" 2>&1 < /dev/null &
       pids+=($!)
     done
     wait "${pids[@]}"
     phase "refresh $kind timed"
-    $ak tune "$flag" "$from" --out "$R/refresh.jsonl" --resume --budget "$REFRESH_BUDGET" --only-compiled \
+    $ak tune "$flag" "$from" --out "$R/refresh-$kind.jsonl" --resume --budget "$REFRESH_BUDGET" --only-compiled \
       > "$R/refresh/tune-$kind.log" 2>&1
-    phase "refresh $kind rc=$? ($(grep -c '"shape"' "$R/refresh.jsonl" 2>/dev/null) cases in refresh.jsonl)"
+    phase "refresh $kind rc=$? ($(grep -c '"shape"' "$R/refresh-$kind.jsonl" 2>/dev/null) cases)"
+    [ -s "$R/refresh-$kind.jsonl" ] && done_kinds+=("$R/refresh-$kind.jsonl")
   done
+  if [ ${#done_kinds[@]} -eq 0 ]; then phase "skipped: refresh merge (no kind timed a case)"; return 0; fi
+  cat "${done_kinds[@]}" > "$R/refresh.jsonl"   # header lines included: a file may hold several sessions
   $ak tune --merge "$R/tune.jsonl" "$R/refresh.jsonl" --table "$R/selection/sm90.json" --png "$R/tune-winners.png" \
     > "$R/refresh/merge.log" 2>&1
   phase "refresh merged rc=$?"

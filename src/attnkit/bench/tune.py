@@ -369,7 +369,9 @@ def refresh_cases(files: list[Path], kind: str = "fwd") -> list[Shape]:
         if r.get("header"):
             date = str((r.get("environment") or {}).get("date", ""))
         elif "shape" in r and date >= TORCH_VARLEN_DIRECT_SINCE:
-            direct.add(r["shape"]["label"])
+            timed = set(r.get("ms", {}).get("attnkit:torch_varlen", {}))  # a forward-only line is no fwd+bwd
+            if {"fwd", "fwdbwd"} <= timed or ("fwd" in timed and not r["shape"].get("train")):
+                direct.add(r["shape"]["label"])
         if ("shape" in r and date >= FA4_TRAIN_SINCE and "fwdbwd" in r.get("cell", {})  # a forward-only
                 and not unsteady_pruned(r, "fwdbwd", date)):  # refresh is not one, nor an unsteady fwd+bwd
             current.add(r["shape"]["label"])

@@ -64,8 +64,10 @@ def _function() -> Any:
 
 
 def runner(call: AttentionCall, p: Params, fwd: Any, function: Any) -> Any:
-    """The per-call work: the forward op alone where no backward can follow (no autograd node to build), else the
-    autograd.Function. k and v keep their own head count: FlashAttention-2 shares kv heads natively."""
+    """The per-call work: where no backward can follow, the forward op alone (no Python autograd.Function around
+    it), else the autograd.Function. k and v keep their own head count: FlashAttention-2 shares kv heads natively.
+    (aten's forward op has an autograd formula of its own, the same backward call; the Function is the route that
+    was timed and checked on the GPU, 2026-12-05.)"""
     cu_q, cu_k, max_q, max_k = p.cu_seqlens_q, p.cu_seqlens_k, p.max_seqlen_q, p.max_seqlen_k
     causal, scale = call.causal, p.scale
     if not call.requires_grad:
