@@ -78,7 +78,11 @@ def test_features_route_to_capable_backends():
     assert pick(head_dim=512, head_dim_v=512) == "sdpa"  # no fused kernel declares it: torch's own pick
     assert pick(seqlen_q=128) == "sdpa"  # chunked prefill without FA4: torch's native bottom-right flash
     assert pick(window=(256, 0)) == "sdpa_cudnn"
-    assert pick(varlen=True, lengths_q=(3, 4), lengths_k=(3, 4)) == "sdpa_cudnn_varlen"
+    # without FA4 and cudnn-frontend: torch's native varlen kernel, ahead of sdpa_cudnn_varlen's per-sequence host
+    # work (priority.DEFAULTS); the bucketed cuDNN route stays next (a torch without torch.nn.attention.varlen, < 2.10)
+    assert pick(varlen=True, lengths_q=(3, 4), lengths_k=(3, 4)) == "torch_varlen"
+    why = sel.explain(call(varlen=True, lengths_q=(3, 4), lengths_k=(3, 4), dtype="float32"), p)
+    assert why["torch_varlen"] and why["sdpa_cudnn_varlen"]  # both half precision only: said, not hidden
     assert pick(varlen=True, lengths_q=(3, 4), lengths_k=(5, 4)) == "torch_varlen"
     assert pick(dtype="float32") == "sdpa_efficient"  # measured: k/v expanded beats torch's math fallback on GQA
     assert pick(dtype="float64") == "sdpa"
@@ -96,7 +100,8 @@ def test_packed_varlen_goes_to_cudnn_ragged_when_the_frontend_is_installed():
     assert pick(lengths_q=(3, 4), lengths_k=(3, 4)) == "cudnn_ragged"
     assert pick(lengths_q=(3, 4), lengths_k=(5, 4)) == "cudnn_ragged"  # bottom-right causal per sequence
     assert pick(lengths_q=(3, 4), lengths_k=(3, 4), dtype="float32") != "cudnn_ragged"
-    assert pick(lengths_q=(3,), lengths_k=(3,), head_dim=256, head_dim_v=256) == "sdpa_cudnn_varlen"
+    # cuDNN's ragged graphs stop at D128: torch's native varlen kernel next (D <= 256), ahead of the bucketed route
+    assert pick(lengths_q=(3,), lengths_k=(3,), head_dim=256, head_dim_v=256) == "torch_varlen"
     why = sel.explain(call(varlen=True, lengths_q=(3,), lengths_k=(3,)), fake_probe((8, 0), ("cudnn-frontend",)))
     assert why["cudnn_ragged"] == ["needs compute capability >= 9.0, GPU is sm80"]
     old = sel.explain(call(varlen=True, lengths_q=(3,), lengths_k=(3,)), fake_probe((9, 0), ("cudnn-frontend",), 90100))

@@ -32,11 +32,16 @@ SM90 = ((9, 0), (9, 0))
 BLACKWELL = ((10, 0), (12, 9))
 
 # Full default order per architecture (first row whose minimum the GPU meets), and on CPU.
+# sdpa_cudnn_varlen (varlen only) comes after the native varlen kernels: it splits, pads and joins on the host per
+# sequence, ~25-35 us a sequence forward and 70-90 us fwd+bwd (H100, 2026-12-05,
+# docs/results/2026-12-05-h100-probe-varlen-padded-fa2-direct.json: 7-30x the plain padded call at 64-400
+# sequences); it won only with few long sequences (16 x <= 4096: 10.8 ms fwd+bwd against torch_varlen's 14.5 on
+# its old custom-op path, docs/results/2026-11-30-h200-bench-1.json)
 DEFAULTS: tuple[tuple[tuple[int, int], tuple[str, ...]], ...] = (
-    ((10, 0), ("sdpa_cudnn", "cudnn_ragged", "flash_attn4", "sdpa_cudnn_varlen", "flash_attn2", "sdpa_flash",
-               "torch_varlen", "xformers", "flex_flash", "flex", "sdpa", "sdpa_efficient", "sdpa_math")),
-    ((9, 0), ("sdpa_cudnn", "cudnn_ragged", "sdpa_cudnn_varlen", "flash_attn3", "flash_attn4", "flash_attn2",
-              "sdpa_flash", "torch_varlen", "xformers", "flex_flash", "flex", "sdpa", "sdpa_efficient", "sdpa_math")),
+    ((10, 0), ("sdpa_cudnn", "cudnn_ragged", "flash_attn4", "flash_attn2", "sdpa_flash", "torch_varlen",
+               "sdpa_cudnn_varlen", "xformers", "flex_flash", "flex", "sdpa", "sdpa_efficient", "sdpa_math")),
+    ((9, 0), ("sdpa_cudnn", "cudnn_ragged", "flash_attn3", "flash_attn4", "flash_attn2", "sdpa_flash", "torch_varlen",
+              "sdpa_cudnn_varlen", "xformers", "flex_flash", "flex", "sdpa", "sdpa_efficient", "sdpa_math")),
     ((8, 0), ("flash_attn2", "sdpa_flash", "torch_varlen", "sdpa_cudnn", "xformers", "flex", "sdpa",
               "sdpa_efficient", "sdpa_math")),
     ((0, 0), ("xformers", "sdpa_efficient", "sdpa", "sdpa_math")),
@@ -118,9 +123,11 @@ ROWS: tuple[Row, ...] = (
     Row("packed varlen, short sequences", SM90, ("torch_varlen", "cudnn_ragged", "flash_attn4"),
         f"{BENCH}: 'varlen short 1-64 x256 D64': torch_varlen 0.119 ms back to back, padded SDPA 0.132, "
         "cudnn_ragged 0.165, FA4 0.287", {"varlen": True, "work": (0, SMALL_WORK - 1)}),
-    Row("packed varlen", SM90, ("flash_attn4", "cudnn_ragged", "sdpa_cudnn_varlen", "flash_attn3", "flash_attn2"),
+    Row("packed varlen", SM90, ("flash_attn4", "cudnn_ragged", "flash_attn3", "torch_varlen", "flash_attn2",
+                                "sdpa_cudnn_varlen"),
         f"{BENCH}: 'varlen GQA 32/8 D128 17-4096': FA4 7.2 ms fwd+bwd, cudnn_ragged "
-        "8.3, padded SDPA 49", {"varlen": True}),
+        "8.3, padded SDPA 49; then the native varlen kernels ahead of sdpa_cudnn_varlen's per-sequence host work "
+        "(DEFAULTS)", {"varlen": True}),
     Row("decode", SM90, ("sdpa",),
         f"{BENCH}: 'decode *': torch's own pick (cuDNN) is fastest; FA4 has no split-KV on sm90 (0.36 vs 0.07 ms "
         f"at Sk=32768); a windowed decode is not this row's: SDPA needs a mask there, FA4 a key range ({FLEX}: "
