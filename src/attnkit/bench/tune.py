@@ -732,25 +732,34 @@ CROSS_CHECK_RULES: dict[str, Rule | None] = {
     "+ the deciding cell's near points blended (0.25)": Rule(blend=0.25, blend_sibling=False),
     "+ the deciding cell's and its sibling dtype's near points blended (1.0)": Rule(blend=1.0),
     "+ the deciding cell's and its sibling dtype's near points blended (0.25)": Rule(),
+    "the sibling dtype after the other kv sharing": Rule(relax=("kv", "dtype", "causal")),
+    "the sibling dtype after the other kv sharing, not blended in": Rule(relax=("kv", "dtype", "causal"),
+                                                                         blend_sibling=False),
+    "the sibling dtype last": Rule(relax=("kv", "causal", "dtype")),
 }
 
 
-def cross_check(files: list[Path], rules: dict[str, Rule | None] | None = None) -> dict[str, Any]:
+def cross_check(files: list[Path], rules: dict[str, Rule | None] | None = None,
+                hide_cell: bool = False) -> dict[str, Any]:
     """Leave-one-out over the sweep's cases: each case hidden in turn (with any case merged into the same
     point: the table keeps no per-case split), the table merged from the rest, and the rule's pick for the
     hidden call (a near table point, else the hand-written rows, as the runtime decides) timed by the hidden
     case's own measurement: best / picked per timing mode; a pick that was wrong or did not run in the hidden
     case gives way to the next in its order. Rules are scored side by side, so the lookup is chosen from the whole
-    grid's measurements, not from a few validation shapes."""
+    grid's measurements, not from a few validation shapes.
+    hide_cell: the hidden call's whole cell is hidden too (each pass decides from the neighbour cells alone), as for
+    a real call whose own cell the sweep did not measure (it measures each half-precision cell in one dtype): which
+    neighbour stands in best."""
     full = merge(files, flag="--cross-check")
     try:
-        return _cross_check(files, full, rules or CROSS_CHECK_RULES)
+        return _cross_check(files, full, rules or CROSS_CHECK_RULES, hide_cell)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, ArithmeticError) as exc:
         raise UsageError(f"--cross-check: a case of {', '.join(map(str, files))[:200]} is not what `attnkit tune` "
                          f"writes ({type(exc).__name__}: {first_line(exc, 80)})") from None
 
 
-def _cross_check(files: list[Path], full: dict[str, Any], rules: dict[str, Rule | None]) -> dict[str, Any]:
+def _cross_check(files: list[Path], full: dict[str, Any], rules: dict[str, Rule | None],
+                 hide_cell: bool = False) -> dict[str, Any]:
     results = latest_passes([r for f in files for r in steady_cases(_read_lines(f))])
     m = re.fullmatch(r"sm(\d+)(\d)", full["arch"])
     cap = (int(m[1]), int(m[2])) if m else None
@@ -770,8 +779,9 @@ def _cross_check(files: list[Path], full: dict[str, Any], rules: dict[str, Rule 
                 continue
             best = {m: min(v[m] for v in t.values()) for m in ("sync", "b2b")}
             rows_pick = rows_order(c, cap)[0]
+            seen = {**held_out, "cells": {k: v for k, v in cells.items() if k != recorded}} if hide_cell else held_out
             for name, rule in rules.items():
-                d = table_decide(c, held_out, rule) if rule is not None else None
+                d = table_decide(c, seen, rule) if rule is not None else None
                 order, source = (d.order, "table") if d is not None and not d.far else (rows_pick, "rows")
                 pick = next((n for n in order if n in t), None)
                 if pick is None:
@@ -779,7 +789,7 @@ def _cross_check(files: list[Path], full: dict[str, Any], rules: dict[str, Rule 
                     continue
                 rows[name].append({"case": label, "pass": ps, "source": source, "pick": pick,
                                    **{m: best[m] / t[pick][m] for m in ("sync", "b2b")}})
-    return {"files": [str(f) for f in files], "arch": full["arch"], "cases": len(results),
+    return {"files": [str(f) for f in files], "arch": full["arch"], "cases": len(results), "hide_cell": hide_cell,
             "provenance": full["provenance"],
             "rules": {name: {"rule": asdict(rule) if rule is not None else None,
                              "summary": {**_cross_summary(rows[name]), "skipped": skipped[name]},

@@ -106,6 +106,8 @@ def _cmd_tune(a: argparse.Namespace) -> int:
             write_atomic(Path(a.out), json.dumps(rep, indent=1) + "\n")
             print(f"wrote {a.out}")
         return 0
+    if a.hide_cell and not a.cross_check:
+        raise UsageError("--hide-cell: only with --cross-check (it changes what the leave-one-out hides)")
     if a.cross_check:
         other = other_mode("--merge", "--validate", "--plan", "--compile-only", "--refine", "--resume")
         if other is not None:
@@ -117,7 +119,7 @@ def _cmd_tune(a: argparse.Namespace) -> int:
             if any(Path(a.out).resolve() == Path(f).resolve() for f in a.cross_check):
                 raise UsageError(f"--out: {a.out} is one of the --cross-check inputs; the report goes to a new file")
             check_writable(a.out, "--out")
-        rep = tune.cross_check([Path(f) for f in a.cross_check])
+        rep = tune.cross_check([Path(f) for f in a.cross_check], hide_cell=a.hide_cell)
         for name, r in rep["rules"].items():
             print(f"{name}: {json.dumps(r['summary'])}")
         if a.out:
@@ -271,6 +273,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                                                         "beside --table)")
     tu.add_argument("--cross-check", nargs="+", metavar="FILE", help="score the table lookup rule (and the variants "
                     "it was chosen from) leave-one-out on these results; --out writes the report")
+    tu.add_argument("--hide-cell", action="store_true", help="with --cross-check: hide the held-out call's whole "
+                    "cell too, so the neighbour cells decide (as for a call whose cell the sweep did not measure)")
     tu.add_argument("--validate", action="store_true", help="time held-out shapes (not grid points): attnkit against "
                                                            "the fastest correct candidate; --out writes the report")
     tu.add_argument("--rescore", metavar="REPORT", help="decide a --validate report's shapes again with the table and "

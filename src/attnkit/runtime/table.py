@@ -6,11 +6,16 @@ The rule, in full (`RULE`, a `Rule`: its knobs are data, so `attnkit tune --cros
    causal, kv sharing (mha / gqa / mqa), the query shape (decode: one query; few: 2-16 queries against more keys;
    chunk: fewer queries than keys; equal; more: more queries than keys), window, softcap, ALiBi, and packed
    varlen by its mean sequence length (short <= 128 < mixed < 2048 <= long). Where the call's own cell has no
-   near point (rule 2), its NEIGHBOURS decide, the first with a near point (`neighbours`): its sibling dtype
+   near point (rule 2), its NEIGHBOURS decide, the first with a near point (`neighbours`): the other kv sharing
+   in the call's own dtype (gqa -> mqa, mha; mqa -> gqa, mha; mha -> gqa, mqa), then the sibling dtype of each
    (bfloat16 <-> float16: the sweep measures each half-precision cell in one of the two, in turn: bench/tune.py
-   `_cells`), then the other kv sharing (gqa -> mqa, mha; mqa -> gqa, mha; mha -> gqa, mqa), then the other
-   causality, each with its sibling. A sweep gives each cell a few points, so a neighbour's point is often the
-   only one near a call in head dim and work.
+   `_cells`), then the other causality of all of these. A sweep gives each cell a few points, so a neighbour's
+   point is often the only one near a call in head dim and work. Until 2026-12-05 the sibling dtype came first;
+   leave-one-out with the hidden call's whole cell hidden too (`tune --cross-check --hide-cell`: the neighbours
+   decide, as for a call whose own cell the sweep never measured) scores the kv sharing first 0.955 / 0.945
+   against 0.952 / 0.940 over the 624 shipped cases (0.954 / 0.944 against 0.951 / 0.940 over 648), and plain
+   leave-one-out ties (0.956 / 0.946 against 0.957 / 0.946;
+   docs/results/2026-12-05-dev-tune-cross-check-kv-before-dtype.json).
 2. Within the cell, the measured POINT nearest the call by the larger of two distances, each in units of what
    still counts as near: |log2(head_dim) - log2(point's)| / far_head_dim_log2 (times head_dim_up, 1.5, for a point
    at a smaller head dim than the call's: a kernel's cliffs lie above a measured head dim) and
@@ -77,7 +82,10 @@ class Rule:
     # their registers and shared memory grow with it, so a cliff lies above a point, not below it (flex in float32:
     # 0.98 ms at D64, 33 ms at D128 in the same decode cell); 1.5 scored best of 1, 1.5, 2, 3 (--cross-check)
     head_dim_up: float = 1.5
-    relax: tuple[str, ...] = ("kv", "causal")  # rule 1's neighbours beyond the sibling dtype, in order
+    # rule 1's neighbours, in order: "kv" (the other kv sharing), "causal" (the other causality) and, where listed,
+    # "dtype" (the sibling half-precision dtype of every cell so far); without "dtype", each cell is followed by its
+    # sibling at once (the sibling first, as shipped)
+    relax: tuple[str, ...] = ("kv", "dtype", "causal")
     # > 0: a neighbour's point counts this much farther per feature it relaxes (kv sharing, causality), and the
     # least such distance decides instead of the first near cell in rule 1's order (0: that order, as before)
     step_cost: float = 0.0
@@ -98,9 +106,9 @@ class Rule:
             raise ValueError("Rule: blend must be >= 0")
         if not self.head_dim_up >= 1:
             raise ValueError("Rule: head_dim_up must be >= 1 (a smaller head dim counts as far or farther)")
-        unknown = [r for r in self.relax if r not in ("kv", "causal")]
+        unknown = [r for r in self.relax if r not in ("kv", "causal", "dtype")]
         if unknown:
-            raise ValueError(f"Rule.relax: unknown relaxation {unknown[0]!r} (kv, causal)")
+            raise ValueError(f"Rule.relax: unknown relaxation {unknown[0]!r} (kv, causal, dtype)")
 
 
 RULE = Rule()
@@ -270,8 +278,12 @@ def neighbours(key: str, rule: Rule = RULE) -> list[str]:
         split = [c.split("|") for c in cells]
         if relax == "kv":
             cells += ["|".join((*p[:3], kv, *p[4:])) for p in split for kv in _KV_NEXT[p[3]]]
-        else:  # "causal" (Rule checks the names)
+        elif relax == "causal":
             cells += ["|".join((*p[:2], _CAUSAL_FLIP[p[2]], *p[3:])) for p in split]
+        else:  # "dtype" (Rule checks the names)
+            cells += [x for c in cells if (x := sibling(c)) is not None]
+    if "dtype" in rule.relax:
+        return list(dict.fromkeys(cells))
     out = [x for c in cells for x in (c, sibling(c)) if x is not None]
     return list(dict.fromkeys(out))
 
