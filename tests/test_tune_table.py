@@ -1314,3 +1314,13 @@ def test_cross_check_with_the_cell_hidden_lets_only_the_neighbours_decide(tmp_pa
     r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", "--hide-cell", "--merge", str(f), "--table",
                         str(tmp_path / "t.json")], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.strip() == "attnkit: --hide-cell: only with --cross-check (it changes what the leave-one-out hides)"
+
+
+def test_the_shipped_rule_is_among_the_cross_checked_variants_and_the_old_order_still_is():
+    """The rule that ships is scored beside the variants it was chosen from, and the variants keep the meaning of
+    their names when the default changes (each states the neighbour order it was scored with)."""
+    named = {n: r for n, r in tune.CROSS_CHECK_RULES.items() if r is not None}
+    assert [n for n, r in named.items() if r == table.RULE] == [
+        "the sibling dtype after the other kv sharing (shipped since 2026-12-05)"]
+    assert named["+ the deciding cell's and its sibling dtype's near points blended (0.25)"].relax == ("kv", "causal")
+    assert all("dtype" not in r.relax for n, r in named.items() if n.startswith(("+", "own")))

@@ -713,28 +713,30 @@ def _call_of(shape: dict[str, Any], grad: bool, device: str = "cuda") -> Attenti
 
 # runtime/table.py's RULE among the variants it was chosen from (each with RULE's knobs where it names none: the
 # head-dim variants came with head_dim_up on 2026-12-03, the far and relax ones before it, at head_dim_up 1)
+SIBLING_FIRST = ("kv", "causal")  # rule 1's neighbour order until 2026-12-05: each cell followed by its sibling dtype
 CROSS_CHECK_RULES: dict[str, Rule | None] = {
     "hand-written rows only (no table)": None,
     "own cell and sibling, far 8x": Rule(far_log2=3.0, relax=()),
     "+ other kv sharing, far 8x": Rule(far_log2=3.0, relax=("kv",)),
-    "+ other kv sharing and causality, far 8x": Rule(far_log2=3.0),
+    "+ other kv sharing and causality, far 8x": Rule(far_log2=3.0, relax=SIBLING_FIRST),
     "own cell and sibling, far 4x": Rule(relax=()),
     "+ other kv sharing, far 4x": Rule(relax=("kv",)),
-    "+ other kv sharing and causality, far 4x, head dim symmetric": Rule(head_dim_up=1.0),
-    "+ other kv sharing and causality, far 4x, head dim below 2x as far": Rule(head_dim_up=2.0),
-    "+ other kv sharing and causality, far 4x, head dim below 3x as far": Rule(head_dim_up=3.0),
-    "+ other kv sharing and causality, far 4x, a relaxed feature 0.25 farther": Rule(step_cost=0.25),
-    "+ other kv sharing and causality, far 4x, a relaxed feature 0.5 farther": Rule(step_cost=0.5),
-    "+ other kv sharing and causality, far 4x, a relaxed feature 1.0 farther": Rule(step_cost=1.0),
-    "+ other kv sharing and causality, far 4x, the nearest point alone (until 2026-12-05)": Rule(blend=0.0),
-    "+ the deciding cell's near points blended (0.1)": Rule(blend=0.1, blend_sibling=False),
-    "+ the deciding cell's near points blended (1.0)": Rule(blend=1.0, blend_sibling=False),
-    "+ the deciding cell's near points blended (0.25)": Rule(blend=0.25, blend_sibling=False),
-    "+ the deciding cell's and its sibling dtype's near points blended (1.0)": Rule(blend=1.0),
-    "+ the deciding cell's and its sibling dtype's near points blended (0.25)": Rule(),
-    "the sibling dtype after the other kv sharing": Rule(relax=("kv", "dtype", "causal")),
-    "the sibling dtype after the other kv sharing, not blended in": Rule(relax=("kv", "dtype", "causal"),
-                                                                         blend_sibling=False),
+    "+ other kv sharing and causality, far 4x, head dim symmetric": Rule(head_dim_up=1.0, relax=SIBLING_FIRST),
+    "+ other kv sharing and causality, far 4x, head dim below 2x as far": Rule(head_dim_up=2.0, relax=SIBLING_FIRST),
+    "+ other kv sharing and causality, far 4x, head dim below 3x as far": Rule(head_dim_up=3.0, relax=SIBLING_FIRST),
+    "+ other kv sharing and causality, far 4x, a relaxed feature 0.25 farther": Rule(step_cost=0.25,
+                                                                                       relax=SIBLING_FIRST),
+    "+ other kv sharing and causality, far 4x, a relaxed feature 0.5 farther": Rule(step_cost=0.5, relax=SIBLING_FIRST),
+    "+ other kv sharing and causality, far 4x, a relaxed feature 1.0 farther": Rule(step_cost=1.0, relax=SIBLING_FIRST),
+    "+ other kv sharing and causality, far 4x, the nearest point alone (until 2026-12-05)": Rule(
+        blend=0.0, relax=SIBLING_FIRST),
+    "+ the deciding cell's near points blended (0.1)": Rule(blend=0.1, blend_sibling=False, relax=SIBLING_FIRST),
+    "+ the deciding cell's near points blended (1.0)": Rule(blend=1.0, blend_sibling=False, relax=SIBLING_FIRST),
+    "+ the deciding cell's near points blended (0.25)": Rule(blend=0.25, blend_sibling=False, relax=SIBLING_FIRST),
+    "+ the deciding cell's and its sibling dtype's near points blended (1.0)": Rule(blend=1.0, relax=SIBLING_FIRST),
+    "+ the deciding cell's and its sibling dtype's near points blended (0.25)": Rule(relax=SIBLING_FIRST),
+    "the sibling dtype after the other kv sharing (shipped since 2026-12-05)": Rule(),
+    "the sibling dtype after the other kv sharing, not blended in": Rule(blend_sibling=False),
     "the sibling dtype last": Rule(relax=("kv", "causal", "dtype")),
 }
 
