@@ -1310,10 +1310,15 @@ def test_cross_check_with_the_cell_hidden_lets_only_the_neighbours_decide(tmp_pa
     # a's own cell keeps a2's point in plain leave-one-out (sdpa_flash, right); hidden, b's full cell decides
     assert [(x["case"], x["pick"]) for x in plain] == [("a", "sdpa_flash"), ("a2", "sdpa_flash"), ("b", "sdpa_flash")]
     assert [(x["case"], x["pick"], x["sync"]) for x in hidden["rules"]["relaxed"]["calls"]] == [
-        ("a", "sdpa_cudnn", 0.5), ("a2", "sdpa_cudnn", 0.5), ("b", "sdpa_flash", 1 / 3)]
+        ("a", "sdpa_cudnn", 0.5), ("a2", "sdpa_cudnn", 0.5), ("b", "sdpa_flash", 0.3333)]
     r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", "--hide-cell", "--merge", str(f), "--table",
                         str(tmp_path / "t.json")], capture_output=True, text=True)
-    assert r.returncode == 2 and r.stderr.strip() == "attnkit: --hide-cell: only with --cross-check (it changes what the leave-one-out hides)"
+    assert r.returncode == 2 and r.stderr.strip().endswith(
+        "--hide-cell: only with --cross-check (it changes what the leave-one-out hides)")
+    assert len(r.stderr.strip().splitlines()) == 1
+    r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", "--hide-cell", "--rescore", str(f)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "--hide-cell: only with --cross-check" in r.stderr
 
 
 def test_the_shipped_rule_is_among_the_cross_checked_variants_and_the_old_order_still_is():

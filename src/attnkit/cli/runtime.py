@@ -76,6 +76,8 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         """The first of these tune modes given on the command line."""
         return next((f for f in flags if getattr(a, f[2:].replace("-", "_"))), None)
 
+    if a.hide_cell and not a.cross_check:
+        raise UsageError("--hide-cell: only with --cross-check (it changes what the leave-one-out hides)")
     if a.only_compiled:  # it chooses which of the timed run's cases run: meaningless elsewhere, and said so
         other = other_mode("--merge", "--validate", "--plan", "--cross-check", "--compile-only", "--refine",
                            "--rescore")
@@ -106,8 +108,6 @@ def _cmd_tune(a: argparse.Namespace) -> int:
             write_atomic(Path(a.out), json.dumps(rep, indent=1) + "\n")
             print(f"wrote {a.out}")
         return 0
-    if a.hide_cell and not a.cross_check:
-        raise UsageError("--hide-cell: only with --cross-check (it changes what the leave-one-out hides)")
     if a.cross_check:
         other = other_mode("--merge", "--validate", "--plan", "--compile-only", "--refine", "--resume")
         if other is not None:

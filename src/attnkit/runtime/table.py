@@ -15,7 +15,9 @@ The rule, in full (`RULE`, a `Rule`: its knobs are data, so `attnkit tune --cros
    decide, as for a call whose own cell the sweep never measured) scores the kv sharing first 0.955 / 0.945
    against 0.952 / 0.940 over the 624 shipped cases (0.954 / 0.944 against 0.951 / 0.940 over 648), and plain
    leave-one-out ties (0.956 / 0.946 against 0.957 / 0.946;
-   docs/results/2026-12-05-dev-tune-cross-check-kv-before-dtype.json).
+   docs/results/2026-12-05-dev-tune-cross-check-kv-before-dtype.json). The gain is in calls whose sibling cell
+   is empty too (the own dtype's other kv sharing stands in better than the other dtype's); where the sibling
+   holds points the two orders tie (docs/results.md).
 2. Within the cell, the measured POINT nearest the call by the larger of two distances, each in units of what
    still counts as near: |log2(head_dim) - log2(point's)| / far_head_dim_log2 (times head_dim_up, 1.5, for a point
    at a smaller head dim than the call's: a kernel's cliffs lie above a measured head dim) and
@@ -84,7 +86,7 @@ class Rule:
     head_dim_up: float = 1.5
     # rule 1's neighbours, in order: "kv" (the other kv sharing), "causal" (the other causality) and, where listed,
     # "dtype" (the sibling half-precision dtype of every cell so far); without "dtype", each cell is followed by its
-    # sibling at once (the sibling first, as shipped)
+    # sibling at once (the rule until 2026-12-05: tune.SIBLING_FIRST)
     relax: tuple[str, ...] = ("kv", "dtype", "causal")
     # > 0: a neighbour's point counts this much farther per feature it relaxes (kv sharing, causality), and the
     # least such distance decides instead of the first near cell in rule 1's order (0: that order, as before)
@@ -267,9 +269,9 @@ _CAUSAL_FLIP = {"causal": "full", "full": "causal"}
 
 
 def neighbours(key: str, rule: Rule = RULE) -> list[str]:
-    """Rule 1's cells, in the order they decide: the call's own, then (each of rule.relax in turn, applied to
-    every cell listed so far) the other kv sharing, nearest first, and the other causality; each cell followed
-    by its sibling dtype's."""
+    """Rule 1's cells, in the order they decide: the call's own, then each of rule.relax in turn, applied to every
+    cell listed so far: the other kv sharing (nearest first), the sibling dtype, the other causality. A rule
+    without "dtype" lists each cell's sibling right after it."""
     parts = key.split("|")
     if len(parts) != 9 or parts[3] not in _KV_NEXT or parts[2] not in _CAUSAL_FLIP:
         raise ValueError(f"not a table cell key (cell_of's nine features): {key[:80]!r}")
