@@ -284,10 +284,9 @@ def neighbours(key: str, rule: Rule = RULE) -> list[str]:
             cells += ["|".join((*p[:2], _CAUSAL_FLIP[p[2]], *p[3:])) for p in split]
         else:  # "dtype" (Rule checks the names)
             cells += [x for c in cells if (x := sibling(c)) is not None]
-    if "dtype" in rule.relax:
-        return list(dict.fromkeys(cells))
-    out = [x for c in cells for x in (c, sibling(c)) if x is not None]
-    return list(dict.fromkeys(out))
+    if "dtype" not in rule.relax:
+        cells = [x for c in cells for x in (c, sibling(c)) if x is not None]
+    return list(dict.fromkeys(cells))
 
 
 def decide(call: AttentionCall, table: dict[str, Any], rule: Rule = RULE) -> Decision | None:

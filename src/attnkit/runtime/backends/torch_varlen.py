@@ -26,6 +26,12 @@ def _varlen_module() -> Any:
     return varlen
 
 
+def forward(fwd: Any, q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, max_q: int | None, max_k: int | None, causal: bool,
+            scale: float) -> Any:
+    """The forward op's one call (no dropout, no debug mask): (out, lse, rng_state, unused, debug)."""
+    return fwd(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal, False, scale=scale)
+
+
 def flash_varlen(fwd: Any, bwd: Any) -> Any:
     """The autograd.Function over a (forward, backward) op pair with aten's `_flash_attention_*` signatures (the
     unit tests pass a math pair with those signatures; `_aten_pair` gives the real one)."""
@@ -35,7 +41,7 @@ def flash_varlen(fwd: Any, bwd: Any) -> Any:
         @staticmethod
         def forward(ctx: Any, q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, max_q: int, max_k: int, causal: bool,
                     scale: float) -> Any:
-            out, lse, rng, unused, _ = fwd(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal, False, scale=scale)
+            out, lse, rng, unused, _ = forward(fwd, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale)
             ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, rng, unused)
             ctx.args = (max_q, max_k, causal, scale)
             return out
@@ -71,7 +77,7 @@ def runner(call: AttentionCall, p: Params, fwd: Any, function: Any) -> Any:
     cu_q, cu_k, max_q, max_k = p.cu_seqlens_q, p.cu_seqlens_k, p.max_seqlen_q, p.max_seqlen_k
     causal, scale = call.causal, p.scale
     if not call.requires_grad:
-        return lambda q, k, v: fwd(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal, False, scale=scale)[0]
+        return lambda q, k, v: forward(fwd, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale)[0]
     return lambda q, k, v: function.apply(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale)
 
 
