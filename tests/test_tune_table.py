@@ -17,6 +17,7 @@ import torch
 from test_selection import call, fake_probe
 
 from attnkit.bench import tune
+from attnkit.errors import UsageError
 from attnkit.runtime import layout, priority, table
 from attnkit.runtime import select as sel
 from attnkit.runtime.attention import attention
@@ -1329,3 +1330,83 @@ def test_the_shipped_rule_is_among_the_cross_checked_variants_and_the_old_order_
         "the sibling dtype after the other kv sharing (shipped since 2026-12-05)"]
     assert named["+ the deciding cell's and its sibling dtype's near points blended (0.25)"].relax == ("kv", "causal")
     assert all("dtype" not in r.relax for n, r in named.items() if n.startswith(("+", "own")))
+
+
+def _gpu_header(date: str, gpu: str, cap: tuple[int, int] = (9, 0), torch_version: str = "2.11") -> dict:
+    h = _header(date)
+    h["environment"]["probe"]["gpus"] = [{"name": gpu, "capability": list(cap)}]
+    h["environment"]["probe"]["torch"] = {"version": torch_version}
+    return h
+
+
+def test_merge_fills_an_architectures_table_from_another_card_of_it_and_says_which_points(tmp_path):
+    """2026-12-05: the device lends H100s far more often than H200s, both sm90. A case measured on the H100 goes
+    into the sm90 table beside the H200's: its own cell measured there beats a neighbour cell standing in. The
+    table's GPU is the one that timed most passes; a point timed (in part) elsewhere lists its GPUs, and the
+    runtime's decision names them. A later line's pass replaces an earlier one whatever its card (a refresh)."""
+    causal, full = "fwd|bfloat16|causal|mha|equal|-|-|-|no", "fwd|bfloat16|full|mha|equal|-|-|-|no"
+    h200 = [_gpu_header("2026-12-02T00:00:00+00:00", "NVIDIA H200"),
+            _case("a", causal, 128, 30.0, {"sdpa_flash": (1.0, 1.0), "sdpa_cudnn": (2.0, 2.0)}),
+            _case("b", causal, 128, 34.0, {"sdpa_flash": (2.0, 2.0), "sdpa_cudnn": (1.0, 1.0)}),
+            _case("e", causal, 64, 30.0, {"sdpa_flash": (1.0, 1.0)}),
+            _case("f", causal, 64, 36.0, {"sdpa_flash": (1.0, 1.0)})]
+    h100 = [_gpu_header("2026-12-06T00:00:00+00:00", "NVIDIA H100 80GB HBM3"),
+            _case("c", full, 64, 30.0, {"sdpa_flash": (3.0, 3.0), "sdpa_cudnn": (1.0, 1.0)}),
+            _case("b", causal, 128, 34.0, {"sdpa_flash": (1.0, 1.0), "sdpa_cudnn": (5.0, 5.0)})]
+    f1, f2 = tmp_path / "h200.jsonl", tmp_path / "h100.jsonl"
+    for f, lines in ((f1, h200), (f2, h100)):
+        f.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    t = tune.merge([f1, f2])
+    assert t["arch"] == "sm90" and t["provenance"]["gpus"] == ["NVIDIA H200"]
+    assert t["provenance"]["passes_per_gpu"] == {"NVIDIA H100 80GB HBM3": 2, "NVIDIA H200": 3}
+    pts = {(k, p["head_dim"], p["log2_work"]): p for k, ps in t["cells"].items() for p in ps}
+    h100_name = ["NVIDIA H100 80GB HBM3"]
+    assert pts[(full, 64, 30.0)]["order"][0] == "sdpa_cudnn" and pts[(full, 64, 30.0)]["gpus"] == h100_name
+    # the later (H100) line's pass replaced the H200's, and the point says where it was timed
+    assert pts[(causal, 128, 34.0)]["order"][0] == "sdpa_flash" and pts[(causal, 128, 34.0)]["gpus"] == h100_name
+    assert "gpus" not in pts[(causal, 128, 30.0)]
+    # the runtime's decision names the card a point was timed on, where it is not the table's
+    from attnkit.runtime.call import AttentionCall
+    c = AttentionCall("cuda", 0, "bfloat16", 1, 1024, 1024, 16, 16, 64, 64, False, False, None, False, False, False,
+                      False)
+    d = table.decide(c, t)
+    assert d is not None and d.order[0] == "sdpa_cudnn" and "timed on NVIDIA H100 80GB HBM3" in d.describe()
+    # one GPU, one table: the single-card merge writes no per-point or per-GPU tags
+    single = tune.merge([f1])
+    assert "passes_per_gpu" not in single["provenance"]
+    assert not any("gpus" in p for ps in single["cells"].values() for p in ps)
+    # the same stack on another architecture, or another torch, is refused in one line
+    for other in (_gpu_header("2026-12-06T00:00:00+00:00", "NVIDIA A100", (8, 0)),
+                  _gpu_header("2026-12-06T00:00:00+00:00", "NVIDIA H100 80GB HBM3", torch_version="2.12")):
+        f3 = tmp_path / "other.jsonl"
+        f3.write_text("".join(json.dumps(x) + "\n" for x in (other, _case("d", full, 64, 31.0, {"sdpa": (1, 1)}))))
+        with pytest.raises(UsageError, match="different GPU architectures, drivers or library versions"):
+            tune.merge([f1, f3])
+
+
+def test_validate_resumes_its_own_report_only_from_the_same_machine(tmp_path):
+    """`tune --validate --resume --out R`: R's shapes stay and are not timed again (2026-12-05: the 14 shapes took
+    more than one 420 s command). A report from another GPU or library set is refused: one report, one machine."""
+    env = {"date": "2026-12-05T18:00:00+00:00", "probe": {
+        "gpus": [{"name": "NVIDIA H200", "capability": [9, 0]}], "torch": {"version": "2.11.0+cu130"},
+        "libraries": [{"name": "flash-attn-4", "version": "4.0.0b36", "checked": True}]}}
+    rows = [{"shape": "val D96 train S1800", "ratios": {}}]
+    f = tmp_path / "v.json"
+    f.write_text(json.dumps({"environment": env, "shapes": rows}))
+    # a library's probe flags (what was imported by then) do not make another machine
+    later = json.loads(json.dumps(env))
+    later["probe"]["libraries"][0]["checked"] = False
+    assert tune.validation_resumed(f, later) == rows
+    for key, value in (("gpus", [{"name": "NVIDIA H100 80GB HBM3", "capability": [9, 0]}]),
+                       ("libraries", [{"name": "flash-attn-4", "version": "4.0.0b37"}])):
+        other = json.loads(json.dumps(env))
+        other["probe"][key] = value
+        with pytest.raises(UsageError, match="one report's ratios come from one machine"):
+            tune.validation_resumed(f, other)
+    f.write_text("{}")
+    with pytest.raises(UsageError, match="not an `attnkit tune --validate --out` report"):
+        tune.validation_resumed(f, env)
+    r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", "--validate", "--resume"], capture_output=True,
+                       text=True)
+    assert r.returncode == 2 and "--resume: with --validate it needs --out" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

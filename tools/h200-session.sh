@@ -184,6 +184,10 @@ refresh() {
       pids+=($!)
     done
     wait "${pids[@]}"
+    if [ ! -s "$R/refresh-$kind.jsonl.compiled" ]; then   # 2026-12-05: 60 s on 16 shards finished no packed case
+      phase "refresh $kind: its compile phase finished no case in $REFRESH_COMPILE s, nothing to time (raise REFRESH_COMPILE)"
+      continue
+    fi
     phase "refresh $kind timed"
     $ak tune "$flag" "$from" --out "$R/refresh-$kind.jsonl" --resume --budget "$REFRESH_BUDGET" --only-compiled \
       > "$R/refresh/tune-$kind.log" 2>&1
@@ -336,7 +340,7 @@ case $step in
     # one session: 69 were timed in 450 s on 2026-12-02)
     # (several files, space-separated: joined; each keeps its header line, as --merge expects)
     # a file whose last line was cut by a kill ends without a newline: one is added, so the next file's header
-    # does not join that line (--merge refuses files from other machines or library versions)
+    # does not join that line (--merge refuses files from another GPU architecture, driver or library versions; an H100 beside an H200 is one sm90)
     if [ -n "${TUNE_FROM:-}" ]; then
       : > "$R/tune.jsonl"
       for f in $TUNE_FROM; do cat "$f" >> "$R/tune.jsonl" || exit 1; [ -z "$(tail -c1 "$f")" ] || echo >> "$R/tune.jsonl"; done

@@ -410,6 +410,8 @@ def latest_passes(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         base = merged[label] = json.loads(json.dumps(base))  # the first record stays as it was read
         for ps, cell in r.get("cell", {}).items():
             base.setdefault("cell", {})[ps] = cell
+            if "_gpus" in r:  # the GPU of the pass that stands (tune --merge's tag)
+                base.setdefault("_gpus", {})[ps] = r["_gpus"][ps]
             for v in base.get("ms", {}).values():
                 v.pop(ps, None)
             for n, v in r.get("ms", {}).items():
@@ -642,6 +644,12 @@ def merge(files: list[Path], arch: str | None = None, flag: str = "--merge") -> 
                          f"({type(exc).__name__}: {first_line(exc, 80)})") from None
 
 
+def _gpu_of(header: dict[str, Any]) -> tuple[str, tuple[int, ...] | None]:
+    """A session's GPU: its name and compute capability (None on a CPU run)."""
+    gpus = header["environment"]["probe"].get("gpus") or []
+    return (str(gpus[0].get("name")), tuple(gpus[0]["capability"])) if gpus else ("cpu", None)
+
+
 def _merge(files: list[Path], arch: str | None) -> dict[str, Any]:
     headers, results = [], []
     for f in files:
@@ -655,13 +663,24 @@ def _merge(files: list[Path], arch: str | None) -> dict[str, Any]:
                    and isinstance(h.get("grid"), dict) for h in head):
             raise UsageError(f"--merge: {f}: its header line lacks what `attnkit tune` writes (environment, grid)")
         headers += head
-        results += steady_cases(lines)
+        results += _tagged_cases(lines)
     results = latest_passes(results)
-    envs = {json.dumps(_machine(h["environment"]), sort_keys=True) for h in headers}
-    if len(envs) > 1:
-        raise UsageError("--merge: the files come from different machines or library versions (a resumed file "
-                         "has a header per session); merge one machine's shards at a time")
-    env = headers[0]["environment"]
+    # one architecture, one software stack; the GPU model may differ (an H100's cases beside an H200's, both
+    # sm90): a case's scores are ratios measured within one run on one card, and on the 11 held-out shapes both
+    # cards timed on 2026-12-05, the H100's fastest backend ran at 0.998 of the H200's fastest there (geomean over
+    # 36 calls, min 0.954), where a neighbour cell standing in for a missing one scores 0.95 (--hide-cell)
+    stacks = {json.dumps({**_machine(h["environment"]), "gpus": None}, sort_keys=True) for h in headers}
+    caps = {_gpu_of(h)[1] for h in headers}
+    if len(stacks) > 1 or len(caps) > 1:
+        raise UsageError("--merge: the files come from different GPU architectures, drivers or library versions (a "
+                         "resumed file has a header per session); merge one architecture and software stack at a "
+                         "time (GPU models of one architecture may be mixed)")
+    count: dict[str, int] = {}  # passes timed per GPU
+    for r in results:
+        for gpu in r["_gpus"].values():
+            count[gpu] = count.get(gpu, 0) + 1
+    main_gpu = max(sorted(count), key=lambda g: count[g]) if count else _gpu_of(headers[0])[0]
+    env = next(h["environment"] for h in headers if _gpu_of(h)[0] == main_gpu)
     gpus = env["probe"].get("gpus") or []
     arch = arch or (f"sm{gpus[0]['capability'][0]}{gpus[0]['capability'][1]}" if gpus else "cpu")
     # cases that land on one point of one cell (a causal and a non-causal decode are the same call) are
@@ -683,14 +702,19 @@ def _merge(files: list[Path], arch: str | None) -> dict[str, Any]:
         rest = {n: x for sc, _, _ in members for n, x in sc.items() if n not in common}
         ms = {n[len("attnkit:"):]: {m: round(v[ps][m], 5) for m in ("sync", "b2b")}
               for sc, r, ps in members[:1] for n, v in r["ms"].items() if n.startswith("attnkit:") and ps in v}
-        cells.setdefault(cell, []).append({"head_dim": hd, "log2_work": lw, "order": ranked(mean) + ranked(rest),
-                                           "scores": {n: round(x, 4) for n, x in sorted(mean.items())},
-                                           "cases": [r["shape"]["label"] for _, r, _ in members], "ms": ms})
+        point = {"head_dim": hd, "log2_work": lw, "order": ranked(mean) + ranked(rest),
+                 "scores": {n: round(x, 4) for n, x in sorted(mean.items())},
+                 "cases": [r["shape"]["label"] for _, r, _ in members], "ms": ms}
+        measured_on = {r["_gpus"][ps] for _, r, ps in members}
+        if measured_on != {main_gpu}:  # measured (in part) on another card of the architecture: said where it decides
+            point["gpus"] = sorted(measured_on)
+        cells.setdefault(cell, []).append(point)
     for pts in cells.values():
         pts.sort(key=lambda p: (p["head_dim"], p["log2_work"]))
     return {"schema": SCHEMA, "arch": arch, "generated_by": "attnkit tune --merge (do not edit by hand)",
             "provenance": {"date": max(h["environment"]["date"] for h in headers),
                            "sessions": sorted({h["environment"]["date"] for h in headers}), **_machine(env),
+                           **({"passes_per_gpu": dict(sorted(count.items()))} if len(count) > 1 else {}),
                            "grid": headers[0]["grid"],
                            "shards": sorted({h["shard"] for h in headers}), "cases": len(results)},
             "cells": dict(sorted(cells.items()))}
@@ -813,6 +837,20 @@ def unsteady_pruned(r: dict[str, Any], ps: str, session_date: str) -> bool:
             and bool(r.get("ms", {}).get(f"attnkit:{REFRESHED_BY}", {}).get(ps, {}).get("pruned")))
 
 
+def _tagged_cases(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """steady_cases, each pass of each case tagged (`_gpus`) with the GPU of the session header above it (a
+    resumed file holds several sessions, possibly on several cards; a refresh may time a case's pass again on
+    another card)."""
+    out: list[dict[str, Any]] = []
+    start = 0
+    for i in [*(i for i, r in enumerate(lines) if r.get("header") and i > 0), len(lines)]:
+        seg = lines[start:i]
+        gpu = _gpu_of(seg[0])[0] if seg and seg[0].get("header") else "?"
+        out += [{**r, "_gpus": {ps: gpu for ps in r.get("cell", {})}} for r in steady_cases(seg)]
+        start = i
+    return out
+
+
 def steady_cases(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The case lines of one file (its lines in order, headers among them), without their `unsteady_pruned`
     passes: such a pass measured FA4 not at all, so it is no measurement, and the case's earlier record of that
@@ -908,12 +946,17 @@ def validation_shapes(quick: bool) -> list[Shape]:
     ]
 
 
-def validate(out: Path | None, quick: bool = False, say: Any = print) -> dict[str, Any]:
+def validate(out: Path | None, quick: bool = False, say: Any = print, resume: bool = False) -> dict[str, Any]:
+    """`resume`: `out` is an earlier run's report, cut by its time limit; its shapes are kept and the rest timed
+    (2026-12-05: the 14 shapes took more than one 420 s command on an H100)."""
     device = measuring_device("tune --validate")
     quick = quick or device == "cpu"
-    rows: list[dict[str, Any]] = []
     env = environment()
+    rows = validation_resumed(out, env) if resume and out is not None and out.exists() else []
+    done = {r["shape"] for r in rows}
     for s in validation_shapes(quick):
+        if s.label in done:
+            continue
         r = bench_shape(s, device, iters=3 if quick else 10, rounds=2 if quick else 4, confirm=3)
         # every candidate's times too: a later lookup rule can be scored on this run's measurements offline
         row = {"shape": s.label, "params": asdict(s), "selected": r["selected_by_pass"], "decided_by": r["row"],
@@ -935,6 +978,33 @@ def validate(out: Path | None, quick: bool = False, say: Any = print) -> dict[st
         if out is not None:  # each shape as it lands: a run stopped by its time limit keeps what it measured
             write_atomic(out, json.dumps(_validation_report(rows, env, device), indent=1, default=str))
     return _validation_report(rows, env, device)
+
+
+def validation_resumed(out: Path, env: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of an earlier --validate report, when it was measured on this GPU with these library versions:
+    the ratios of one report must come from one machine."""
+    where = f"--resume: {out}"
+    try:
+        data = json.loads(out.read_text(encoding="utf-8"))
+        rows, earlier = data["shapes"], data["environment"]["probe"]
+        labels = [str(r["shape"]) for r in rows]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UsageError(f"{where}: not an `attnkit tune --validate --out` report ({type(exc).__name__}: "
+                         f"{first_line(exc, 80)})") from None
+    now = env["probe"]
+
+    def machine(probe: dict[str, Any]) -> tuple[Any, ...]:
+        gpus = probe.get("gpus") or [{}]
+        return (gpus[0].get("name"), probe.get("torch", {}).get("version"),
+                tuple(sorted((str(x.get("name")), str(x.get("version"))) for x in probe.get("libraries") or []
+                             if isinstance(x, dict))))
+
+    if machine(earlier) != machine(now):
+        raise UsageError(f"{where}: measured on {machine(earlier)[:2]}, this run is on {machine(now)[:2]} (or other "
+                         "library versions): one report's ratios come from one machine; write a new --out")
+    if len(set(labels)) != len(labels):
+        raise UsageError(f"{where}: a shape appears twice (not a report --validate wrote)")
+    return rows
 
 
 def rescore(report: Path) -> dict[str, Any]:

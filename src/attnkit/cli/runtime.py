@@ -141,7 +141,9 @@ def _cmd_tune(a: argparse.Namespace) -> int:
     if a.validate:
         if a.out:
             check_writable(a.out, "--out")
-        rep = tune.validate(Path(a.out) if a.out else None, quick=a.quick)
+        if a.resume and not a.out:
+            raise UsageError("--resume: with --validate it needs --out (the earlier report to continue)")
+        rep = tune.validate(Path(a.out) if a.out else None, quick=a.quick, resume=a.resume)
         print(json.dumps(rep["summary"], indent=1))
         return 0
     if a.plan:

@@ -307,6 +307,8 @@ def decide(call: AttentionCall, table: dict[str, Any], rule: Rule = RULE) -> Dec
         return None
     far, _, _, k, pt = min(found, key=lambda f: f[:3])
     label = f"{table.get('arch', '?')} {k} D{pt['head_dim']} log2(work)={pt['log2_work']:g}"
+    if pt.get("gpus"):  # timed (in part) on another card of the architecture than the table's (tune --merge)
+        label += f" (timed on {', '.join(map(str, pt['gpus']))})"
     if rule.blend > 0 and not far:
         pool = table["cells"][k] + (table["cells"].get(sibling(k) or "", []) if rule.blend_sibling else [])
         near = [(distance(p, hd, w, rule), p) for p in pool]
