@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import re
 import subprocess
 import sys
 import warnings
@@ -1371,6 +1372,17 @@ def test_merge_fills_an_architectures_table_from_another_card_of_it_and_says_whi
                       False)
     d = table.decide(c, t)
     assert d is not None and d.order[0] == "sdpa_cudnn" and "timed on NVIDIA H100 80GB HBM3" in d.describe()
+    # a point whose cases were timed on two cards lists both
+    both = tmp_path / "both.jsonl"
+    both.write_text("".join(json.dumps(x) + "\n" for x in (
+        h100[0], _case("g", causal, 64, 30.0, {"sdpa_flash": (1.0, 1.0)}))))
+    pt = {(p["head_dim"], p["log2_work"]): p for p in tune.merge([f1, both])["cells"][causal]}[(64, 30.0)]
+    assert pt["cases"] == ["e", "g"] and pt["gpus"] == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+    # case lines above a file's first header (a header line cut by a kill) count as that first header's session
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(json.dumps(x) + "\n" for x in (h200[1], h100[0], h100[1])))
+    t = tune.merge([cut])
+    assert t["provenance"]["gpus"] == ["NVIDIA H100 80GB HBM3"] and "passes_per_gpu" not in t["provenance"]
     # one GPU, one table: the single-card merge writes no per-point or per-GPU tags
     single = tune.merge([f1])
     assert "passes_per_gpu" not in single["provenance"]
@@ -1380,33 +1392,79 @@ def test_merge_fills_an_architectures_table_from_another_card_of_it_and_says_whi
                   _gpu_header("2026-12-06T00:00:00+00:00", "NVIDIA H100 80GB HBM3", torch_version="2.12")):
         f3 = tmp_path / "other.jsonl"
         f3.write_text("".join(json.dumps(x) + "\n" for x in (other, _case("d", full, 64, 31.0, {"sdpa": (1, 1)}))))
-        with pytest.raises(UsageError, match="different GPU architectures, drivers or library versions"):
+        with pytest.raises(UsageError, match="one table is one GPU architecture and software stack") as err:
             tune.merge([f1, f3])
+        assert str(f3) in str(err.value) and ("capability" in str(err.value) or "torch 2.12" in str(err.value))
+    driver = _gpu_header("2026-12-06T00:00:00+00:00", "NVIDIA H100 80GB HBM3")
+    driver["environment"]["probe"]["driver"] = "2"
+    f3.write_text("".join(json.dumps(x) + "\n" for x in (driver, _case("d", full, 64, 31.0, {"sdpa": (1, 1)}))))
+    with pytest.raises(UsageError, match="driver 2, the first file's 1"):
+        tune.merge([f1, f3])
+    # a table whose point names its GPUs wrongly is refused when loaded, in one line naming it
+    with pytest.raises(table.TableError, match="gpus must be a non-empty list"):
+        _table({causal: [{**pts[(causal, 128, 30.0)], "gpus": 5}]})
 
 
-def test_validate_resumes_its_own_report_only_from_the_same_machine(tmp_path):
-    """`tune --validate --resume --out R`: R's shapes stay and are not timed again (2026-12-05: the 14 shapes took
-    more than one 420 s command). A report from another GPU or library set is refused: one report, one machine."""
+def test_validate_resumes_its_own_report_only_from_the_same_machine_and_shape_set(tmp_path, monkeypatch):
+    """`tune --validate --resume --out R`: R's shapes stay and are not timed again, the rest are, and the report
+    keeps every session's date (2026-12-05: the 14 shapes took more than one 420 s command). A report from another
+    GPU, driver or library set, of another shape set, or with a shape's parameters changed since, is refused in one
+    line, and so is a report that is not one."""
+    from dataclasses import asdict
     env = {"date": "2026-12-05T18:00:00+00:00", "probe": {
-        "gpus": [{"name": "NVIDIA H200", "capability": [9, 0]}], "torch": {"version": "2.11.0+cu130"},
-        "libraries": [{"name": "flash-attn-4", "version": "4.0.0b36", "checked": True}]}}
-    rows = [{"shape": "val D96 train S1800", "ratios": {}}]
-    f = tmp_path / "v.json"
-    f.write_text(json.dumps({"environment": env, "shapes": rows}))
-    # a library's probe flags (what was imported by then) do not make another machine
+        "gpus": [{"name": "NVIDIA H200", "capability": [9, 0]}], "driver": "580", "torch": {"version": "2.11"},
+        "libraries": [{"name": "flash-attn-4", "version": "4.0.0b36", "installed": True}]}}
     later = json.loads(json.dumps(env))
-    later["probe"]["libraries"][0]["checked"] = False
-    assert tune.validation_resumed(f, later) == rows
-    for key, value in (("gpus", [{"name": "NVIDIA H100 80GB HBM3", "capability": [9, 0]}]),
-                       ("libraries", [{"name": "flash-attn-4", "version": "4.0.0b37"}])):
+    later["date"] = "2026-12-05T19:00:00+00:00"
+    timed: list[str] = []
+
+    def bench_shape(s, device, **kw):
+        timed.append(s.label)
+        return {"selected_by_pass": {"fwd": "sdpa"}, "row": {"fwd": "test"}, "ms": {"sdpa_plain": {}},
+                "ratios": {"fwd": {"sync": {"selected_over_oracle": 1.0, "oracle": "attnkit"}}}}
+
+    monkeypatch.setattr(tune, "measuring_device", lambda what: "cpu")
+    monkeypatch.setattr(tune, "environment", lambda: later)
+    monkeypatch.setattr(tune, "bench_shape", bench_shape)
+    shapes = tune.validation_shapes(True)
+    first = {"shape": shapes[0].label, "params": asdict(shapes[0]), "ratios": {"fwd_sync": {
+        "selected_over_oracle": 0.5, "oracle": "x", "selected_over_sdpa_plain": 1.0}}, "ms": {}}
+    f = tmp_path / "v.json"
+    f.write_text(json.dumps({"environment": env, "shapes": [first]}))
+    rep = tune.validate(f, quick=True, resume=True, say=lambda *_: None)
+    assert timed == [s.label for s in shapes[1:]]  # the earlier shape is kept, not timed again
+    assert [r["shape"] for r in rep["shapes"]] == [s.label for s in shapes]
+    assert rep["shapes"][0]["ratios"]["fwd_sync"]["selected_over_oracle"] == 0.5
+    assert rep["environment"]["sessions"] == [env["date"], later["date"]]
+    assert json.loads(f.read_text())["environment"]["sessions"] == [env["date"], later["date"]]
+    # refused, in one line, before anything is timed
+    timed.clear()
+    cases = []
+    for key, value, msg in (("gpus", [{"name": "NVIDIA H100 80GB HBM3", "capability": [9, 0]}], "measured with gpus"),
+                            ("driver", "570", "measured with driver"),
+                            ("libraries", [{"name": "flash-attn-4", "version": "4.0.0b37", "installed": True}],
+                             "measured with libraries")):
         other = json.loads(json.dumps(env))
         other["probe"][key] = value
-        with pytest.raises(UsageError, match="one report's ratios come from one machine"):
-            tune.validation_resumed(f, other)
-    f.write_text("{}")
-    with pytest.raises(UsageError, match="not an `attnkit tune --validate --out` report"):
-        tune.validation_resumed(f, env)
+        cases.append(({"environment": other, "shapes": [first]}, msg))
+    cases += [({"environment": env, "shapes": [{**first, "params": {**first["params"], "batch": 99}}]},
+               "with the parameters it has now"),
+              ({"environment": env, "shapes": [{**first, "shape": "val Llama-3-8B prefill S3000 GQA 32/8"}]},
+               "is not one of this run's validation shapes"),
+              ({"environment": env, "shapes": [{"shape": first["shape"]}]}, "not an `attnkit tune --validate"),
+              ({"environment": {"probe": []}, "shapes": [first]}, "not an `attnkit tune --validate"),
+              ({"environment": env, "shapes": [{**first, "shape": {"a": 1}}]}, "not an `attnkit tune --validate"),
+              ({"environment": env, "shapes": [first, first]}, "a shape appears twice")]
+    for data, msg in cases:
+        f.write_text(json.dumps(data))
+        with pytest.raises(UsageError, match=re.escape(msg)) as err:
+            tune.validate(f, quick=True, resume=True, say=lambda *_: None)
+        assert "\n" not in str(err.value) and str(f) in str(err.value)
+    assert timed == []
     r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", "--validate", "--resume"], capture_output=True,
                        text=True)
     assert r.returncode == 2 and "--resume: with --validate it needs --out" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+    r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", "--validate", "--out", str(f)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "exists; pass --resume" in r.stderr and len(r.stderr.strip().splitlines()) == 1

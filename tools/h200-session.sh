@@ -177,6 +177,8 @@ refresh() {
   for kind in ${REFRESH_KIND:-fwd}; do
     case $kind in fwd|train|varlen) flag=--refresh-$kind ;; *) phase "skipped: refresh kind '$kind' (fwd, train, varlen)"; continue ;; esac
     phase "refresh $kind compile"
+    local compiled_before
+    compiled_before=$(cat "$R/refresh-$kind.jsonl.compiled" 2>/dev/null | wc -l)
     pids=()
     for i in $(seq 1 "$SHARDS"); do
       TORCHINDUCTOR_COMPILE_THREADS=1 timeout -k 15 "$REFRESH_COMPILE" $ak tune --compile-only "$flag" "$from" \
@@ -184,7 +186,7 @@ refresh() {
       pids+=($!)
     done
     wait "${pids[@]}"
-    if [ ! -s "$R/refresh-$kind.jsonl.compiled" ]; then   # 2026-12-05: 60 s on 16 shards finished no packed case
+    if [ "$(cat "$R/refresh-$kind.jsonl.compiled" 2>/dev/null | wc -l)" -le "$compiled_before" ]; then   # 2026-12-05: 60 s on 16 shards finished no packed case
       phase "refresh $kind: its compile phase finished no case in $REFRESH_COMPILE s, nothing to time (raise REFRESH_COMPILE)"
       continue
     fi
@@ -258,7 +260,7 @@ tune() {
   fi
   if [ ! -s "$R/selection/sm90.json" ]; then phase "skipped: validate (no table: no sweep ran and no TUNE_FROM)"
   elif on "$VALIDATE_S" validate; then
-  ATTNKIT_SELECTION_DIR=$R/selection timeout -k 15 "$VALIDATE_S" $ak tune --validate --out "$R/validate.json" > "$R/validate.log" 2>&1
+  ATTNKIT_SELECTION_DIR=$R/selection timeout -k 15 "$VALIDATE_S" $ak tune --validate --resume --out "$R/validate.json" > "$R/validate.log" 2>&1
   phase "validate rc=$?"
   fi
 }

@@ -652,6 +652,7 @@ def _gpu_of(header: dict[str, Any]) -> tuple[str, tuple[int, ...] | None]:
 
 def _merge(files: list[Path], arch: str | None) -> dict[str, Any]:
     headers, results = [], []
+    header_files: list[tuple[Path, dict[str, Any]]] = []
     for f in files:
         if not f.is_file():
             raise UsageError(f"--merge: {f} does not exist")
@@ -663,23 +664,29 @@ def _merge(files: list[Path], arch: str | None) -> dict[str, Any]:
                    and isinstance(h.get("grid"), dict) for h in head):
             raise UsageError(f"--merge: {f}: its header line lacks what `attnkit tune` writes (environment, grid)")
         headers += head
+        header_files += [(f, h) for h in head]
         results += _tagged_cases(lines)
     results = latest_passes(results)
     # one architecture, one software stack; the GPU model may differ (an H100's cases beside an H200's, both
     # sm90): a case's scores are ratios measured within one run on one card, and on the 11 held-out shapes both
-    # cards timed on 2026-12-05, the H100's fastest backend ran at 0.998 of the H200's fastest there (geomean over
-    # 36 calls, min 0.954), where a neighbour cell standing in for a missing one scores 0.95 (--hide-cell)
-    stacks = {json.dumps({**_machine(h["environment"]), "gpus": None}, sort_keys=True) for h in headers}
-    caps = {_gpu_of(h)[1] for h in headers}
-    if len(stacks) > 1 or len(caps) > 1:
-        raise UsageError("--merge: the files come from different GPU architectures, drivers or library versions (a "
-                         "resumed file has a header per session); merge one architecture and software stack at a "
-                         "time (GPU models of one architecture may be mixed)")
-    count: dict[str, int] = {}  # passes timed per GPU
+    # cards timed on 2026-12-05, the backend fastest on the H100, run on the H200, took 0.998 of the H200's fastest
+    # time's speed (geomean over 36 calls, min 0.954), where a neighbour cell standing in for a missing one scores
+    # 0.955 (--hide-cell)
+    first = {**_machine(headers[0]["environment"]), "capability": _gpu_of(headers[0])[1], "gpus": None}
+    for f, h in header_files:
+        this = {**_machine(h["environment"]), "capability": _gpu_of(h)[1], "gpus": None}
+        diff = next((k for k in ("capability", "driver", "torch", "libraries") if this[k] != first[k]), None)
+        if diff is not None:
+            raise UsageError(f"--merge: {f} (session {h['environment'].get('date')}): {diff} {this[diff]}, the first "
+                             f"file's {first[diff]}; one table is one GPU architecture and software stack (GPU models "
+                             "of one architecture may be mixed)")
+    count: dict[str, int] = {}  # passes timed per GPU, in the order the files first name each GPU
+    for h in headers:
+        count.setdefault(_gpu_of(h)[0], 0)
     for r in results:
         for gpu in r["_gpus"].values():
             count[gpu] = count.get(gpu, 0) + 1
-    main_gpu = max(sorted(count), key=lambda g: count[g]) if count else _gpu_of(headers[0])[0]
+    main_gpu = max(count, key=lambda g: count[g])  # a tie: the GPU the files name first
     env = next(h["environment"] for h in headers if _gpu_of(h)[0] == main_gpu)
     gpus = env["probe"].get("gpus") or []
     arch = arch or (f"sm{gpus[0]['capability'][0]}{gpus[0]['capability'][1]}" if gpus else "cpu")
@@ -842,12 +849,14 @@ def _tagged_cases(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     resumed file holds several sessions, possibly on several cards; a refresh may time a case's pass again on
     another card)."""
     out: list[dict[str, Any]] = []
-    start = 0
-    for i in [*(i for i, r in enumerate(lines) if r.get("header") and i > 0), len(lines)]:
-        seg = lines[start:i]
-        gpu = _gpu_of(seg[0])[0] if seg and seg[0].get("header") else "?"
+    starts = [i for i, r in enumerate(lines) if r.get("header")]
+    if not starts:
+        return out
+    # lines above the first header (a header cut by a kill): that first header's session, as steady_cases reads them
+    for a, b in zip([0, *starts[1:]], [*starts[1:], len(lines)], strict=True):
+        seg = lines[a:b]
+        gpu = _gpu_of(lines[max(a, starts[0])])[0]
         out += [{**r, "_gpus": {ps: gpu for ps in r.get("cell", {})}} for r in steady_cases(seg)]
-        start = i
     return out
 
 
@@ -952,7 +961,10 @@ def validate(out: Path | None, quick: bool = False, say: Any = print, resume: bo
     device = measuring_device("tune --validate")
     quick = quick or device == "cpu"
     env = environment()
-    rows = validation_resumed(out, env) if resume and out is not None and out.exists() else []
+    rows: list[dict[str, Any]] = []
+    if resume and out is not None and out.exists():
+        rows, sessions = validation_resumed(out, env, quick)
+        env = {**env, "sessions": [*sessions, env["date"]]}  # the report's date is its latest session's
     done = {r["shape"] for r in rows}
     for s in validation_shapes(quick):
         if s.label in done:
@@ -980,31 +992,39 @@ def validate(out: Path | None, quick: bool = False, say: Any = print, resume: bo
     return _validation_report(rows, env, device)
 
 
-def validation_resumed(out: Path, env: dict[str, Any]) -> list[dict[str, Any]]:
-    """The rows of an earlier --validate report, when it was measured on this GPU with these library versions:
-    the ratios of one report must come from one machine."""
+def validation_resumed(out: Path, env: dict[str, Any], quick: bool) -> tuple[list[dict[str, Any]], list[str]]:
+    """The rows of an earlier --validate report and the dates of its sessions, when it was measured on this GPU
+    with this driver, torch and libraries, on the same shape set as this run (`quick`), each shape with the
+    parameters validation_shapes gives it now: the ratios of one report come from one machine."""
     where = f"--resume: {out}"
+    known = {s.label: asdict(s) for s in validation_shapes(quick)}
     try:
         data = json.loads(out.read_text(encoding="utf-8"))
-        rows, earlier = data["shapes"], data["environment"]["probe"]
-        labels = [str(r["shape"]) for r in rows]
+        rows, earlier = data["shapes"], data["environment"]
+        labels = [r["shape"] for r in rows]
+        ok = all(isinstance(r, dict) and isinstance(r["shape"], str) and isinstance(r["ratios"], dict)
+                 and isinstance(r["ms"], dict) for r in rows)
+        mine, theirs = _machine(env), _machine(earlier)
+        sessions = [str(d) for d in earlier.get("sessions", [earlier["date"]])]
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UsageError(f"{where}: not an `attnkit tune --validate --out` report ({type(exc).__name__}: "
                          f"{first_line(exc, 80)})") from None
-    now = env["probe"]
-
-    def machine(probe: dict[str, Any]) -> tuple[Any, ...]:
-        gpus = probe.get("gpus") or [{}]
-        return (gpus[0].get("name"), probe.get("torch", {}).get("version"),
-                tuple(sorted((str(x.get("name")), str(x.get("version"))) for x in probe.get("libraries") or []
-                             if isinstance(x, dict))))
-
-    if machine(earlier) != machine(now):
-        raise UsageError(f"{where}: measured on {machine(earlier)[:2]}, this run is on {machine(now)[:2]} (or other "
-                         "library versions): one report's ratios come from one machine; write a new --out")
+    if not (isinstance(rows, list) and ok):
+        raise UsageError(f"{where}: not an `attnkit tune --validate --out` report (a shape without its ratios and "
+                         "times)")
+    diff = next((k for k in ("gpus", "driver", "torch", "libraries") if mine[k] != theirs[k]), None)
+    if diff is not None:
+        raise UsageError(f"{where}: measured with {diff} {theirs[diff]}, this run has {mine[diff]}: one report's "
+                         "ratios come from one machine; write a new --out")
+    for r, label in zip(rows, labels, strict=True):
+        if label not in known or json.loads(json.dumps(r.get("params"), default=str)) != json.loads(
+                json.dumps(known[label], default=str)):
+            raise UsageError(f"{where}: shape {label[:60]!r} is not one of this run's validation shapes with the "
+                             f"parameters it has now ({'--quick' if quick else 'the full set'}; a report of another "
+                             "set or attnkit version): write a new --out")
     if len(set(labels)) != len(labels):
         raise UsageError(f"{where}: a shape appears twice (not a report --validate wrote)")
-    return rows
+    return rows, sessions
 
 
 def rescore(report: Path) -> dict[str, Any]:

@@ -143,6 +143,8 @@ def _cmd_tune(a: argparse.Namespace) -> int:
             check_writable(a.out, "--out")
         if a.resume and not a.out:
             raise UsageError("--resume: with --validate it needs --out (the earlier report to continue)")
+        if a.out and Path(a.out).exists() and not a.resume:
+            raise UsageError(f"--out: {a.out} exists; pass --resume to continue it, or choose a new file")
         rep = tune.validate(Path(a.out) if a.out else None, quick=a.quick, resume=a.resume)
         print(json.dumps(rep["summary"], indent=1))
         return 0

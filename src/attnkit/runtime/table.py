@@ -203,6 +203,10 @@ def validate(data: Any, where: str) -> dict[str, Any]:
                     and 1.0 <= x < float("inf") for n, x in sc.items())):
                 raise TableError(f"{where}: cell {key!r}: a point's scores must map backend names to ratios >= 1 "
                                  "(tune --merge writes them)")
+            gpus = pt.get("gpus")
+            if gpus is not None and not (isinstance(gpus, list) and gpus and all(isinstance(g, str) for g in gpus)):
+                raise TableError(f"{where}: cell {key!r}: a point's gpus must be a non-empty list of GPU names "
+                                 "(tune --merge writes it)")
     return data
 
 
