@@ -1468,3 +1468,18 @@ def test_validate_resumes_its_own_report_only_from_the_same_machine_and_shape_se
     r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", "--validate", "--out", str(f)],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "exists; pass --resume" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_merge_without_matplotlib_writes_the_table_and_says_there_is_no_chart_in_one_line(tmp_path):
+    """matplotlib is an optional extra (as for `attnkit bench`): --png without it gave a traceback after the table
+    was written (a wheel installed with torch alone, 2026-12-05)."""
+    f = tmp_path / "t.jsonl"
+    f.write_text("".join(json.dumps(x) + "\n" for x in (
+        _header("2026-12-02T00:00:00+00:00"),
+        _case("a", "fwd|bfloat16|causal|mha|equal|-|-|-|no", 128, 30.0, {"sdpa": (1.0, 1.0)}))))
+    code = ("import sys; sys.modules['matplotlib'] = None; from attnkit.cli import main; sys.argv = ['attnkit', "
+            f"'tune', '--merge', {str(f)!r}, '--table', {str(tmp_path / 'sm90.json')!r}, '--png']; sys.exit(main())")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.strip() == f"--png: matplotlib is not installed, so no {tmp_path / 'sm90.png'} (pip install matplotlib)"
+    assert json.loads((tmp_path / "sm90.json").read_text())["cells"] and not (tmp_path / "sm90.png").exists()

@@ -135,7 +135,11 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         print(f"wrote {a.table}: {len(table['cells'])} cells from {table['provenance']['cases']} cases")
         if a.png:
             png = Path(a.table).with_suffix(".png") if a.png == "-" else Path(a.png)
-            tune.chart(table, png)
+            try:
+                tune.chart(table, png)
+            except ImportError:  # an optional extra, as for `attnkit bench`: the table stands without its chart
+                print(f"--png: matplotlib is not installed, so no {png} (pip install matplotlib)", file=sys.stderr)
+                return 0
             print(f"wrote {png}")
         return 0
     if a.validate:
