@@ -1128,7 +1128,11 @@ def test_rescore_says_where_the_runtime_now_picks_otherwise(monkeypatch):
     ('{"environment": {"probe": {}}, "shapes": [{"shape": "val odd D48 S77 H20/4 fp32"}]}',
      "a shape's times are not what `attnkit tune --validate` writes (KeyError"),
     ('{"environment": {"probe": {}}, "shapes": [{"shape": "val odd D48 S77 H20/4 fp32", "ms": {"attnkit:sdpa_cpu": '
-     '{"fwd": {"sync": 0, "b2b": 0}}}}]}', "(ZeroDivisionError"),
+     '{"fwd": {"sync": 0, "b2b": 0}}}}]}', "(ValueError: attnkit:sdpa_cpu fwd sync time 0 is not a number > 0)"),
+    ('{"environment": {"probe": {}}, "shapes": [{"shape": "val odd D48 S77 H20/4 fp32", "ms": {"attnkit:sdpa_cpu": '
+     '{"fwd": {"sync": NaN, "b2b": 1}}}}]}', "time nan is not a number > 0"),
+    ('{"environment": {"probe": {"gpus": [{"capability": [9]}]}}, "shapes": []}', "capability [9] is not [major, minor]"),
+    ("[" * 100000, "not an `attnkit tune --validate --out` report (RecursionError"),
 ])
 def test_rescore_cli_refuses_in_one_line(tmp_path, content, msg):
     f = tmp_path / "v.json"
@@ -1454,9 +1458,13 @@ def test_validate_resumes_its_own_report_only_from_the_same_machine_and_shape_se
               ({"environment": env, "shapes": [{"shape": first["shape"]}]}, "not an `attnkit tune --validate"),
               ({"environment": {"probe": []}, "shapes": [first]}, "not an `attnkit tune --validate"),
               ({"environment": env, "shapes": [{**first, "shape": {"a": 1}}]}, "not an `attnkit tune --validate"),
-              ({"environment": env, "shapes": [first, first]}, "a shape appears twice")]
+              ({"environment": env, "shapes": [first, first]}, "a shape appears twice"),
+              ({"environment": env, "shapes": [{**first, "ratios": {"fwd_sync": {"selected_over_oracle": "x"}}}]},
+               "a ratio that is not a number > 0"),
+              ({"environment": {**env, "sessions": "abc"}, "shapes": [first]}, "sessions that are not dates"),
+              ("[" * 100000, "not an `attnkit tune --validate --out` report (RecursionError")]
     for data, msg in cases:
-        f.write_text(json.dumps(data))
+        f.write_text(data if isinstance(data, str) else json.dumps(data))
         with pytest.raises(UsageError, match=re.escape(msg)) as err:
             tune.validate(f, quick=True, resume=True, say=lambda *_: None)
         assert "\n" not in str(err.value) and str(f) in str(err.value)
@@ -1483,3 +1491,44 @@ def test_merge_without_matplotlib_writes_the_table_and_says_there_is_no_chart_in
     assert r.returncode == 0, r.stderr
     assert r.stderr.strip() == f"--png: matplotlib is not installed, so no {tmp_path / 'sm90.png'} (pip install matplotlib)"
     assert json.loads((tmp_path / "sm90.json").read_text())["cells"] and not (tmp_path / "sm90.png").exists()
+
+
+def test_tune_refuses_to_overwrite_what_is_not_its_own_and_to_write_a_table_the_runtime_would_refuse(tmp_path):
+    """Found by a hostile-input sweep of the installed wheel (2026-12-05): `--merge X --table X` replaced the
+    results with the table; `--out F --resume` replaced a file that is no sweep's with a header line; a hand-edited
+    time made a table the runtime refuses to load; a refresh file with a line of the wrong shape gave a traceback.
+    Each is now one line, exit 2, and the files stay as they were."""
+    cell = "fwd|bfloat16|causal|mha|equal|-|-|-|no"
+    f = tmp_path / "r.jsonl"
+    f.write_text("".join(json.dumps(x) + "\n" for x in (_header("2026-12-02T00:00:00+00:00"),
+                                                        _case("a", cell, 128, 30.0, {"sdpa": (1.0, 1.0)}))))
+    before = f.read_bytes()
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", *args], capture_output=True, text=True)
+
+    r = cli("--merge", str(f), "--table", str(f))
+    assert r.returncode == 2 and "is one of the --merge inputs" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert f.read_bytes() == before
+    other = tmp_path / "notes.txt"
+    other.write_text("my notes\n")
+    r = cli("--out", str(other), "--resume", "--max-cases", "1")
+    assert r.returncode == 2 and "is not an `attnkit tune` results file" in r.stderr
+    assert other.read_text() == "my notes\n"
+    # a time of 1e-320 against 1.0 makes a score of infinity: the runtime would refuse that table
+    tiny = tmp_path / "tiny.jsonl"
+    tiny.write_text("".join(json.dumps(x) + "\n" for x in (_header("2026-12-02T00:00:00+00:00"), _case(
+        "a", cell, 128, 30.0, {"sdpa": (1e-320, 1e-320), "sdpa_math": (1.0, 1.0)}))))
+    r = cli("--merge", str(tiny), "--table", str(tmp_path / "t.json"))
+    assert r.returncode == 2 and "cannot rank" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "t.json").exists()
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(json.dumps(_header("2026-12-02T00:00:00+00:00")) + "\n")
+    r = cli("--merge", str(empty), "--table", str(tmp_path / "t.json"))
+    assert r.returncode == 2 and "no case with a timed pass" in r.stderr and not (tmp_path / "t.json").exists()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(json.dumps(x) + "\n" for x in (_header("2026-12-02T00:00:00+00:00"), {
+        "shape": "not a dict", "cell": {"fwd": cell}, "ms": {"attnkit:torch_varlen": {"fwd": {}}}})))
+    r = cli("--refresh-varlen", str(bad), "--out", str(tmp_path / "o.jsonl"))
+    assert r.returncode == 2 and "--refresh-varlen: a line of" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o.jsonl").exists()

@@ -613,3 +613,14 @@ def test_the_cli_carries_every_build_option_into_the_request(monkeypatch, tmp_pa
         tmp_path, sys.executable, 3, False, (2, 4), Path("store"), (Path("a.json"), Path("b.json")), ("python3.13",),
         Path("bd"), "pypi")
     assert r.mode == "compile" and r.spec.package == "flash-attn" and r.spec.cell.id == "torch2.11-cu130-py312"
+
+
+def test_retag_of_a_file_that_is_not_a_zip_is_one_error_and_leaves_nothing(tmp_path):
+    """A download cut short, or text saved under a wheel's name (found by a hostile-input sweep, 2026-12-05)."""
+    src = tmp_path / "demo_pkg-1.0-cp311-cp311-linux_x86_64.whl"
+    src.write_text("not a zip")
+    with pytest.raises(AttnkitError, match=f"retag: {src.name}: ") as err:
+        retag.retag(src, tmp_path / "out", "demo_pkg-1.0+cu13torch2.11cxx11abiTRUE-cp311-cp311-linux_x86_64.whl",
+                    "2.11")
+    assert "\n" not in str(err.value)
+    assert list((tmp_path / "out").iterdir()) == []  # no wheel and no stage left behind

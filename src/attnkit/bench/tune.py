@@ -345,6 +345,18 @@ REFRESH_TRAIN_NEAR = 1.5  # ... and FA4 a contender there: within 1.5x of the fa
 FA4_TRAIN_SINCE = "2026-12-03T19:20"
 
 
+def _parsed(flag: str, files: list[Path], read: Any) -> Any:
+    """`read()` over result files that may have been edited or cut: a line of the wrong shape is one line naming
+    the option and the files, as --merge says it, not a traceback."""
+    try:
+        return read()
+    except UsageError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as exc:
+        raise UsageError(f"{flag}: a line of {', '.join(map(str, files))[:200]} is not what `attnkit tune` writes "
+                         f"({type(exc).__name__}: {first_line(exc, 80)})") from None
+
+
 def refresh_cases(files: list[Path], kind: str = "fwd") -> list[Shape]:
     """Recorded cases to time again under their own labels, because FlashAttention-4's host path changed; a later
     line's passes replace an earlier's in --merge (`latest_passes`), so what is not timed again stays.
@@ -460,16 +472,19 @@ def run(out: Path, shard: tuple[int, int] = (1, 1), budget_s: float = 1500.0, qu
     device = measuring_device("tune")
     grid = QUICK if (quick or device == "cpu") else FEATURES
     if refresh:
-        cases = refresh_cases(refresh, refresh_kind)
+        cases = _parsed(f"--refresh-{refresh_kind}", refresh, lambda: refresh_cases(refresh, refresh_kind))
     elif refine_from:
         prior = [r for f in refine_from for r in _read_lines(f) if "shape" in r]
-        cases = refine(prior, grid)
+        cases = _parsed("--refine", refine_from, lambda: refine(prior, grid))
     else:
         cases = plan(grid)
     i, n = shard
     mine = cases[i - 1::n]
     done_lines = _read_lines(out)
-    done = done_labels(done_lines)
+    if out.exists() and out.stat().st_size and not any(r.get("header") for r in done_lines):
+        # --resume of a file that is not a sweep's (a table, a report, text): it would be replaced by a header
+        raise UsageError(f"--out: {out} is not an `attnkit tune` results file (no header line); choose a new file")
+    done = _parsed("--out", [out], lambda: done_labels(done_lines))
     header = {"header": True, "schema": SCHEMA, "environment": environment(), "device": device,
               "grid": {k: list(v) for k, v in grid.items()}, "shard": f"{i}/{n}", "planned": len(mine),
               "refine": [str(f) for f in refine_from or []], "refresh": [str(f) for f in refresh or []],
@@ -565,11 +580,12 @@ def compile_only(shard: tuple[int, int] = (1, 1), quick: bool = False, max_cases
     device = measuring_device("tune --compile-only")
     grid = QUICK if (quick or device == "cpu") else FEATURES
     i, n = shard
-    done = done_labels(_read_lines(skip_done)) if skip_done else set()
+    done = _parsed("--out", [skip_done], lambda: done_labels(_read_lines(skip_done))) if skip_done else set()
     # the held-out shapes first (validate times every candidate there, the libraries' own calls too: on
     # 2026-12-01 it ran 5 of 11 shapes in 150 s, compiling), then the plan's cases not yet measured
     held_out = [] if refresh else validation_shapes(grid is QUICK)
-    todo = refresh_cases(refresh, refresh_kind) if refresh else plan(grid)
+    todo = (_parsed(f"--refresh-{refresh_kind}", refresh, lambda: refresh_cases(refresh, refresh_kind)) if refresh
+            else plan(grid))
     cases = [*held_out, *(s for s in todo if s.label not in done)][i - 1::n][:max_cases]
     failed, left = 0, 0
     deferred: list[Shape] = []
@@ -634,11 +650,20 @@ def _compile_case(s: Shape, device: str, every_candidate: bool = False) -> int:
 
 def merge(files: list[Path], arch: str | None = None, flag: str = "--merge") -> dict[str, Any]:
     """The selection table from shard files (runtime/table.py's format), with provenance. `flag`: the option
-    the files came in by, which the one-line errors name."""
+    the files came in by, which the one-line errors name. The table is checked as the runtime loads it, so a
+    table written is one the runtime takes."""
+    from attnkit.runtime.table import TableError
+    from attnkit.runtime.table import validate as validate_table
     try:
-        return _merge(files, arch)
+        table = _merge(files, arch)
+        if not table["cells"]:
+            raise UsageError(f"--merge: {', '.join(map(str, files))[:200]}: no case with a timed pass (nothing to "
+                             "decide from)")
+        return validate_table(table, "the merged table")
     except UsageError as exc:
         raise UsageError(str(exc).replace("--merge:", f"{flag}:", 1)) from None
+    except TableError as exc:
+        raise UsageError(f"{flag}: {exc} (a time in the files that cannot rank: 0, infinite or hand-edited)") from None
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, ArithmeticError) as exc:
         raise UsageError(f"{flag}: a line of {', '.join(map(str, files))[:200]} is not what `attnkit tune` writes "
                          f"({type(exc).__name__}: {first_line(exc, 80)})") from None
@@ -1003,15 +1028,18 @@ def validation_resumed(out: Path, env: dict[str, Any], quick: bool) -> tuple[lis
         rows, earlier = data["shapes"], data["environment"]
         labels = [r["shape"] for r in rows]
         ok = all(isinstance(r, dict) and isinstance(r["shape"], str) and isinstance(r["ratios"], dict)
-                 and isinstance(r["ms"], dict) for r in rows)
+                 and isinstance(r["ms"], dict)
+                 and all(isinstance(x, dict) and _positive(x["selected_over_oracle"]) for x in r["ratios"].values())
+                 for r in rows)
         mine, theirs = _machine(env), _machine(earlier)
-        sessions = [str(d) for d in earlier.get("sessions", [earlier["date"]])]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        sessions = earlier.get("sessions", [earlier["date"]])
+        ok = ok and isinstance(sessions, list) and all(isinstance(d, str) for d in sessions)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise UsageError(f"{where}: not an `attnkit tune --validate --out` report ({type(exc).__name__}: "
                          f"{first_line(exc, 80)})") from None
     if not (isinstance(rows, list) and ok):
         raise UsageError(f"{where}: not an `attnkit tune --validate --out` report (a shape without its ratios and "
-                         "times)")
+                         "times, a ratio that is not a number > 0, or sessions that are not dates)")
     diff = next((k for k in ("gpus", "driver", "torch", "libraries") if mine[k] != theirs[k]), None)
     if diff is not None:
         raise UsageError(f"{where}: measured with {diff} {theirs[diff]}, this run has {mine[diff]}: one report's "
@@ -1037,12 +1065,17 @@ def rescore(report: Path) -> dict[str, Any]:
         data = json.loads(report.read_text(encoding="utf-8"))
         rows, probe = data["shapes"], data["environment"]["probe"]
         cap = tuple(probe["gpus"][0]["capability"]) if probe.get("gpus") else None
-    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        if cap is not None and not (len(cap) == 2 and all(type(x) is int and 0 <= x < 100 for x in cap)):
+            raise ValueError(f"capability {list(cap)[:3]} is not [major, minor]")
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError) as exc:
         raise UsageError(f"{where}: not an `attnkit tune --validate --out` report ({type(exc).__name__}: "
                          f"{first_line(exc, 80)})") from None
+    from attnkit.runtime.table import TableError
     try:
         out = _rescore_rows(rows, cap, where)
-    except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as exc:
+    except TableError as exc:  # the table it decides from ($ATTNKIT_SELECTION_DIR), not the report, is at fault
+        raise UsageError(str(exc)) from None
+    except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError, RecursionError) as exc:
         raise UsageError(f"{where}: a shape's times are not what `attnkit tune --validate` writes "
                          f"({type(exc).__name__}: {first_line(exc, 80)})") from None
     summary = {}
@@ -1072,6 +1105,9 @@ def _rescore_rows(rows: list[dict[str, Any]], cap: tuple[int, ...] | None, where
         wrong = set(row.get("wrong", []))  # bench_shape's forward check: those were not timed in either pass
         for ps in ("fwd", "fwdbwd") if s.train else ("fwd",):
             ms = {n: v[ps] for n, v in row["ms"].items() if ps in v and n not in wrong}
+            bad = next(((n, m, t[m]) for n, t in ms.items() for m in ("sync", "b2b") if not _positive(t[m])), None)
+            if bad is not None:  # 0, NaN, negative or text: a ratio of it would be one too
+                raise ValueError(f"{bad[0]} {ps} {bad[1]} time {str(bad[2])[:20]} is not a number > 0")
             c = _call_of(asdict(s), ps == "fwdbwd", device)
             order, decision = order_for(c, cap)  # type: ignore[arg-type]
             pick = next((n for n in order if f"attnkit:{n}" in ms), None)

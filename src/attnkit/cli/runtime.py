@@ -130,6 +130,8 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         if not a.table:
             raise UsageError("--table: required with --merge (where <arch>.json goes, e.g. "
                              "src/attnkit/data/selection/sm90.json)")
+        if any(Path(a.table).resolve() == Path(f).resolve() for f in a.merge):
+            raise UsageError(f"--table: {a.table} is one of the --merge inputs; the table goes to a new file")
         table = tune.merge([Path(f) for f in a.merge], arch=a.arch)
         write_atomic(Path(a.table), json.dumps(table, indent=1) + "\n")
         print(f"wrote {a.table}: {len(table['cells'])} cells from {table['provenance']['cases']} cases")

@@ -232,8 +232,8 @@ def load(arch: str, folder: str | None = None) -> dict[str, Any] | None:
         text, where = res.read_text(encoding="utf-8"), f"attnkit/data/selection/{arch}.json"
     try:
         data = json.loads(text)
-    except ValueError as exc:
-        raise TableError(f"{where}: not JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:
+        raise TableError(f"{where}: not JSON ({type(exc).__name__}: {str(exc)[:80]})") from None
     return validate(data, where)
 
 

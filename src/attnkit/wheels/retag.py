@@ -121,7 +121,7 @@ def retag(src: Path, dest_dir: Path, filename: str, torch_minor: str, requiremen
         final = dest_dir / filename
         tmp.replace(final)
         return final
-    except WheelError as exc:
+    except (WheelError, zipfile.BadZipFile) as exc:
         raise AttnkitError(f"retag: {src.name}: {exc}") from None
     finally:
         shutil.rmtree(stage, ignore_errors=True)
