@@ -1510,6 +1510,14 @@ def test_tune_refuses_to_overwrite_what_is_not_its_own_and_to_write_a_table_the_
     r = cli("--merge", str(f), "--table", str(f))
     assert r.returncode == 2 and "is one of the --merge inputs" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert f.read_bytes() == before
+    for args, msg in ((["--merge", str(f), "--table", str(tmp_path)], "is a folder"),
+                      (["--merge", str(f), "--table", str(tmp_path / "t.json"), "--arch", "sm../../x"],
+                       "is not an architecture name"),
+                      (["--merge", str(f), "--table", str(tmp_path / "t.json"), "--png", str(tmp_path)], "is a folder"),
+                      (["--plan", "--table", str(tmp_path / "t.json")], "--table: only with --merge")):
+        r = cli(*args)
+        assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+    assert not (tmp_path / "t.json").exists()
     other = tmp_path / "notes.txt"
     other.write_text("my notes\n")
     r = cli("--out", str(other), "--resume", "--max-cases", "1")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -126,12 +127,21 @@ def _cmd_tune(a: argparse.Namespace) -> int:
             write_atomic(Path(a.out), json.dumps(rep, indent=1) + "\n")
             print(f"wrote {a.out}")
         return 0
+    if not a.merge:  # the table's options alone would be ignored: said instead
+        extra = next((f for f, v in (("--table", a.table), ("--png", a.png), ("--arch", a.arch)) if v), None)
+        if extra is not None:
+            raise UsageError(f"{extra}: only with --merge (it names the table --merge writes)")
     if a.merge:
         if not a.table:
             raise UsageError("--table: required with --merge (where <arch>.json goes, e.g. "
                              "src/attnkit/data/selection/sm90.json)")
         if any(Path(a.table).resolve() == Path(f).resolve() for f in a.merge):
             raise UsageError(f"--table: {a.table} is one of the --merge inputs; the table goes to a new file")
+        check_writable(a.table, "--table")
+        if a.png and a.png != "-":
+            check_writable(a.png, "--png")
+        if a.arch is not None and not re.fullmatch(r"sm[0-9]{2,3}|cpu", a.arch):
+            raise UsageError(f"--arch: {a.arch!r} is not an architecture name (sm<major><minor>, e.g. sm90, or cpu)")
         table = tune.merge([Path(f) for f in a.merge], arch=a.arch)
         write_atomic(Path(a.table), json.dumps(table, indent=1) + "\n")
         print(f"wrote {a.table}: {len(table['cells'])} cells from {table['provenance']['cases']} cases")
