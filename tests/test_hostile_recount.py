@@ -227,6 +227,10 @@ def test_third_sweep_outputs_are_checked_before_the_work(tmp_path: Path, monkeyp
         ([*oracle, "--out", ""], 2, "--out: an empty path"),
         ([*oracle, "--out", "o.json", "--claims", ""], 2, "--claims: an empty path"),
         (["tune", "--validate", "--out", ""], 2, "--out: an empty path"),
+        (["tune", "--rescore", ""], 2, "--rescore: an empty path"),  # said "--out: required" (2026-12-05 sweep)
+        (["tune", "--merge", "f", "", "--table", "t.json"], 2, "--merge: an empty path"),  # said ". does not exist"
+        (["tune", "--cross-check", ""], 2, "--cross-check: an empty path"),
+        ([*oracle, "--out", "o.json", "--resume", ""], 2, "--resume: an empty path"),
         ([*oracle, "--out", "o.json", "--claims", "f/x\ny"], 2, "--claims: 'f/x\\ny': not a folder"),
         ([*oracle, "--out", "o.json", "--claims", "/proc/self"], 2, "--claims: /proc/self"),
         ([*oracle, "--out", "f/x.json", "--claims", "c"], 2, "--out: f/x.json: f is not a writable folder"),

@@ -14,7 +14,10 @@ from attnkit.cli._args import _Parser, _version
 from attnkit.errors import AttnkitError, UsageError, first_line, shown
 
 # options that name a file or folder, in any subcommand
-PATH_OPTIONS = ("out", "report", "claims", "dest", "tests", "table", "png", "file", "cache_dir", "wheelhouse")
+PATH_OPTIONS = ("out", "report", "claims", "dest", "tests", "table", "png", "file", "cache_dir", "wheelhouse",
+                "rescore")
+# options taking several paths (`tune --merge A B`, `oracle --resume R1 R2`): an empty one among them, the same
+LIST_PATH_OPTIONS = ("merge", "cross_check", "refine", "refresh_fwd", "refresh_train", "refresh_varlen", "resume")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,7 +39,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _term)
     try:
         args = build_parser().parse_args(argv)
-        empty = next((d for d in PATH_OPTIONS if getattr(args, d, None) == ""), None)
+        empty = next((d for d in PATH_OPTIONS if getattr(args, d, None) == ""), None) or next(
+            (d for d in LIST_PATH_OPTIONS if isinstance(getattr(args, d, None), list) and "" in getattr(args, d)),
+            None)
         if empty is not None:  # '' would be the current folder: an index built there replaces it
             raise UsageError(f"--{empty.replace('_', '-')}: an empty path; give a file or folder name")
         func: Callable[[argparse.Namespace], int] = args.func
