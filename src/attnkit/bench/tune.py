@@ -352,7 +352,7 @@ def _parsed(flag: str, files: list[Path], read: Any) -> Any:
         return read()
     except UsageError:
         raise
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, ArithmeticError, RecursionError) as exc:
         raise UsageError(f"{flag}: a line of {', '.join(map(str, files))[:200]} is not what `attnkit tune` writes "
                          f"({type(exc).__name__}: {first_line(exc, 80)})") from None
 
@@ -655,7 +655,7 @@ def merge(files: list[Path], arch: str | None = None, flag: str = "--merge") -> 
     from attnkit.runtime.table import TableError
     from attnkit.runtime.table import validate as validate_table
     try:
-        table = _merge(files, arch)
+        table = _parsed(flag, files, lambda: _merge(files, arch))
         if not table["cells"]:
             raise UsageError(f"--merge: {', '.join(map(str, files))[:200]}: no case with a timed pass (nothing to "
                              "decide from)")
@@ -664,9 +664,6 @@ def merge(files: list[Path], arch: str | None = None, flag: str = "--merge") -> 
         raise UsageError(str(exc).replace("--merge:", f"{flag}:", 1)) from None
     except TableError as exc:
         raise UsageError(f"{flag}: {exc} (a time in the files that cannot rank: 0, infinite or hand-edited)") from None
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError, ArithmeticError) as exc:
-        raise UsageError(f"{flag}: a line of {', '.join(map(str, files))[:200]} is not what `attnkit tune` writes "
-                         f"({type(exc).__name__}: {first_line(exc, 80)})") from None
 
 
 def _gpu_of(header: dict[str, Any]) -> tuple[str, tuple[int, ...] | None]:
@@ -1017,12 +1014,18 @@ def validate(out: Path | None, quick: bool = False, say: Any = print, resume: bo
     return _validation_report(rows, env, device)
 
 
+def _same_params(params: Any, s: Shape) -> bool:
+    """A report row's recorded `params` are the shape's as validation_shapes gives it now (JSON turns tuples into
+    lists, so both sides go through it)."""
+    return bool(json.loads(json.dumps(params, default=str)) == json.loads(json.dumps(asdict(s), default=str)))
+
+
 def validation_resumed(out: Path, env: dict[str, Any], quick: bool) -> tuple[list[dict[str, Any]], list[str]]:
     """The rows of an earlier --validate report and the dates of its sessions, when it was measured on this GPU
     with this driver, torch and libraries, on the same shape set as this run (`quick`), each shape with the
     parameters validation_shapes gives it now: the ratios of one report come from one machine."""
     where = f"--resume: {out}"
-    known = {s.label: asdict(s) for s in validation_shapes(quick)}
+    known = {s.label: s for s in validation_shapes(quick)}
     try:
         data = json.loads(out.read_text(encoding="utf-8"))
         rows, earlier = data["shapes"], data["environment"]
@@ -1045,8 +1048,7 @@ def validation_resumed(out: Path, env: dict[str, Any], quick: bool) -> tuple[lis
         raise UsageError(f"{where}: measured with {diff} {theirs[diff]}, this run has {mine[diff]}: one report's "
                          "ratios come from one machine; write a new --out")
     for r, label in zip(rows, labels, strict=True):
-        if label not in known or json.loads(json.dumps(r.get("params"), default=str)) != json.loads(
-                json.dumps(known[label], default=str)):
+        if label not in known or not _same_params(r.get("params"), known[label]):
             raise UsageError(f"{where}: shape {label[:60]!r} is not one of this run's validation shapes with the "
                              f"parameters it has now ({'--quick' if quick else 'the full set'}; a report of another "
                              "set or attnkit version): write a new --out")
@@ -1099,7 +1101,7 @@ def _rescore_rows(rows: list[dict[str, Any]], cap: tuple[int, ...] | None, where
         if s is None:
             raise UsageError(f"{where}: shape {str(row.get('shape'))[:60]!r} is not one of tune.validation_shapes "
                              "(a report from another attnkit version)")
-        if "params" in row and json.loads(json.dumps(row["params"])) != json.loads(json.dumps(asdict(s))):
+        if "params" in row and not _same_params(row["params"], s):
             raise UsageError(f"{where}: shape {s.label[:60]!r} was measured with other parameters than "
                              "tune.validation_shapes gives it now (a report from another attnkit version)")
         wrong = set(row.get("wrong", []))  # bench_shape's forward check: those were not timed in either pass
