@@ -9,14 +9,20 @@ measured from outside the project).
 Three ops (defined through torch.library.Library: ops() says why not `custom_op`):
 - `attnkit::fa4_fwd(q, k, v, cu_seqlens_q?, cu_seqlens_k?, max_seqlen_q, max_seqlen_k, scale, causal,
   window_left, window_right, softcap) -> (out, lse)`; window -1 = unbounded, max_seqlen -1 = not varlen.
-- `attnkit::fa4_bwd(dout, q, k, v, out, lse, ..., deterministic) -> (dq, dk, dv)`, fa4_fwd's backward
-  (`register_autograd`).
+- `attnkit::fa4_bwd(dout, q, k, v, out, lse, ..., deterministic) -> (dq, dk, dv)`, fa4_fwd's backward.
 - `attnkit::fa4_fwd_infer(q, k, v, ...) -> out`: the forward of a graph that needs no gradient (inference, or
-  the no_grad parts of a step). It has no autograd kernel: a `register_autograd` kernel is Python that runs on
-  every call, needed or not (~30 us of host time a forward on the H200, 2026-12-02 profile of a compiled
-  window-1024 call), and it writes no log-sum-exp (one allocation fewer), as FA4's own eager call without
-  autograd does. The runtime records it only for calls traced without grad (FlashAttn4.bind); a graph whose
-  inputs require grad is another graph to dynamo (its guards), recorded with fa4_fwd.
+  the no_grad parts of a step); it writes no log-sum-exp (one allocation fewer), as FA4's own eager call
+  without autograd does. The runtime records it only for calls traced without grad (FlashAttn4.bind); a graph
+  whose inputs require grad is another graph to dynamo (its guards).
+None of them has an autograd kernel: the autograd formula is `graph_function()`, an autograd.Function over
+fa4_fwd and fa4_bwd that AOTAutograd traces like any other (the joint graph holds both ops). A kernel from
+`register_autograd` is Python that the compiled graph runs on every call, needed or not (there the forward runs
+with grad off, and the backward op's kernel only refuses a double backward): ~30 us of host time a compiled
+forward on the H200 (2026-12-02 profile of a compiled window-1024 call); 10-30% of a compiled one-op fwd+bwd
+step's host time on the 2-core dev CPU over five runs of tools/probe-compile-host.py (the one kept,
+docs/results/2026-12-05-dev-compile-host-probe.json: 145.5 us with the kernels, 130.9 without).
+Without one, the graph's calls take torch's C++ autograd fallback. Calling the ops directly with autograd is
+not supported (torch warns at backward and gives no gradient): attention() and graph_function() are the API.
 Their fake implementations give FA4's output and log-sum-exp shapes (lse: (batch, heads, seqlen_q) float32, or
 (heads, total_q) for varlen: `_flash_attn_fwd`'s own allocation) without importing `flash_attn.cute` (4-5 s):
 the real module loads only when a real call runs. dynamo records the ops, AOTAutograd keeps the backward op,
@@ -28,6 +34,8 @@ from __future__ import annotations
 
 import functools
 from typing import Any
+
+from attnkit.runtime.backends import fa4_replay  # no torch, no flash_attn at import: cheap, and off the hot path
 
 NS = "attnkit"
 _ARGS = ("Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, float softmax_scale, "
@@ -47,7 +55,7 @@ _LIB: list[Any] = []  # the torch.library.Library holding the ops: registrations
 
 @functools.cache
 def ops() -> Any:
-    """Register the two ops (once per process) and return torch.ops.attnkit.
+    """Register the three ops (once per process) and return torch.ops.attnkit.
 
     Defined with torch.library.Library, not `torch.library.custom_op`: a custom_op's device kernel runs inside its
     `backend_impl` wrapper, which checks the outputs against the inputs for aliasing on every call. On the H200
@@ -91,27 +99,6 @@ def ops() -> Any:
     torch.library.register_fake(f"{NS}::fa4_bwd", bwd_fake, lib=lib)
     torch.library.register_fake(f"{NS}::fa4_fwd_infer",
                                 lambda q, k, v, cu_q, *_: fake_outputs(q, v, cu_q is not None)[0], lib=lib)
-
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, Any]) -> None:
-        q, k, v, cu_q, cu_k, mq, mk, scale, causal, wl, wr, cap = inputs
-        out, lse = output
-        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-        ctx.args = (mq, mk, scale, causal, wl, wr, cap)
-        ctx.deterministic = torch.are_deterministic_algorithms_enabled()
-
-    def backward(ctx: Any, dout: Any, dlse: Any) -> tuple[Any, ...]:
-        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-        dq, dk, dv = torch.ops.attnkit.fa4_bwd(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.args, ctx.deterministic)
-        return dq, dk, dv, None, None, None, None, None, None, None, None, None
-
-    torch.library.register_autograd(f"{NS}::fa4_fwd", backward, setup_context=setup_context, lib=lib)
-
-    def no_double_backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        raise RuntimeError("attnkit::fa4_bwd: FlashAttention-4 has no double backward (a gradient of its gradients, "
-                           "create_graph=True); use attention(..., backend='sdpa_math') for that call")
-
-    # without an autograd kernel torch's fallback would only warn and give a wrong double backward
-    torch.library.register_autograd(f"{NS}::fa4_bwd", no_double_backward, lib=lib)
     return torch.ops.attnkit
 
 
@@ -132,10 +119,8 @@ def forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_se
             lse: bool) -> tuple[Any, Any]:
     """FA4's forward (out, lse) in the ops' arguments, through fa4_replay (FA4's host path recorded once per
     signature, then replayed): the one forward that the ops and the eager autograd path (`eager_function`) share."""
-    from attnkit.runtime.backends.fa4_replay import forward as replayed
-
     varlen = cu_seqlens_q is not None
-    return replayed(
+    return fa4_replay.forward(
         q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
         max_seqlen_q=max_seqlen_q if varlen else None, max_seqlen_k=max_seqlen_k if varlen else None,
         softmax_scale=softmax_scale, causal=causal, softcap=softcap,  # as FlashAttnFunc passes it (0.0 = off)
@@ -147,15 +132,44 @@ def backward_kernels(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, cu_s
                      window_right: int, softcap: float, deterministic: bool) -> tuple[Any, Any, Any]:
     """FA4's backward (dq, dk, dv) as FlashAttnFunc's backward calls it, its host path replayed (fa4_replay.backward):
     the fa4_bwd op's kernel, and `eager_function`'s backward."""
-    from attnkit.runtime.backends.fa4_replay import backward  # FA4's backward host path recorded, replayed
-
     varlen = cu_seqlens_q is not None
-    return backward(
+    return fa4_replay.backward(
         dout.contiguous(), q, k, v, out, lse, softmax_scale=softmax_scale, causal=causal, softcap=softcap,
         window_size_left=_window(window_left), window_size_right=_window(window_right),
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
         max_seqlen_q=max_seqlen_q if varlen else None, max_seqlen_k=max_seqlen_k if varlen else None,
         deterministic=deterministic)
+
+
+NO_DOUBLE_BACKWARD = ("flash_attn4: FlashAttention-4 has no double backward (a gradient of its gradients, "
+                      "create_graph=True); use attention(..., backend='sdpa_math') for that call")
+
+
+def _function(fwd: Any, bwd: Any, name: str) -> Any:
+    """FlashAttnFunc's autograd over a (forward -> (out, lse), backward -> (dq, dk, dv)) pair in the ops'
+    arguments: the same saved (q, k, v, out, lse), the same backward call. FA4 has no double backward: a
+    backward asked to build a graph (create_graph=True) raises, naming the way out, instead of giving zeros."""
+    import torch
+
+    class Fa4Function(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, mq: int, mk: int, scale: float,
+                    causal: bool, wl: int, wr: int, cap: float, deterministic: bool) -> Any:
+            out, lse = fwd(q, k, v, cu_q, cu_k, mq, mk, scale, causal, wl, wr, cap)
+            ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+            ctx.args = (mq, mk, scale, causal, wl, wr, cap, deterministic)
+            return out
+
+        @staticmethod
+        def backward(ctx: Any, dout: Any) -> tuple[Any, ...]:
+            if torch.is_grad_enabled():
+                raise RuntimeError(NO_DOUBLE_BACKWARD)
+            q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+            dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.args)
+            return (dq, dk, dv, *(None,) * 10)
+
+    Fa4Function.__name__ = Fa4Function.__qualname__ = name
+    return Fa4Function
 
 
 @functools.cache
@@ -164,26 +178,15 @@ def eager_function() -> Any:
 
     FA4's `flash_attn_func` under autograd runs its whole forward host path on every call (its autograd.Function
     does not know attnkit's replay): ~100-130 us of Python a training step on the H200 before the kernel starts.
-    This Function is FlashAttnFunc's forward and backward with both host paths replayed: the same kernels with the
-    same arguments, the same saved (q, k, v, out, lse). A plain autograd.Function, not the fa4_fwd op: an op's
-    Python autograd kernel and redispatch cost ~30 us a call (fa4_ops' docstring), and eager needs no graph."""
-    import torch
-    from torch.autograd.function import once_differentiable
+    This is FlashAttnFunc's forward and backward with both host paths replayed: the same kernels with the same
+    arguments. The kernels are called directly, not through the ops: eager needs no graph, and an op's dispatch
+    into Python costs host time on every call."""
+    return _function(lambda *a: forward(*a, lse=True), backward_kernels, "Fa4EagerFunction")
 
-    class Fa4Function(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx: Any, q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, mq: int, mk: int, scale: float,
-                    causal: bool, wl: int, wr: int, cap: float, deterministic: bool) -> Any:
-            out, lse = forward(q, k, v, cu_q, cu_k, mq, mk, scale, causal, wl, wr, cap, lse=True)
-            ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-            ctx.args = (mq, mk, scale, causal, wl, wr, cap, deterministic)
-            return out
 
-        @staticmethod
-        @once_differentiable  # FA4 has no double backward: create_graph=True raises instead of giving zeros
-        def backward(ctx: Any, dout: Any) -> tuple[Any, ...]:
-            q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-            dq, dk, dv = backward_kernels(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.args)
-            return (dq, dk, dv, *(None,) * 10)
-
-    return Fa4Function
+@functools.cache
+def graph_function() -> Any:
+    """FA4 with autograd inside a graph (torch.compile): the same Function over the fa4_fwd / fa4_bwd ops, which
+    AOTAutograd records (forward graph: fa4_fwd; backward graph: fa4_bwd)."""
+    o = ops()
+    return _function(o.fa4_fwd, o.fa4_bwd, "Fa4GraphFunction")

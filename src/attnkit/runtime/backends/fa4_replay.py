@@ -125,9 +125,10 @@ def _lookup(key: tuple) -> Any:
     plan = _PLANS.get(key)
     if plan is not None:
         if type(plan) is not str:
-            with _LOCK:
-                if key in _PLANS:
-                    _PLANS.move_to_end(key)
+            try:  # noqa: SIM105 (suppress() costs a context manager per call) one C call, atomic under the GIL
+                _PLANS.move_to_end(key)
+            except KeyError:  # evicted by another thread since the get: the plan in hand still serves this call
+                pass
         return plan
     if key in _SEEN:
         return None
@@ -146,20 +147,22 @@ def forward(q: Any, k: Any, v: Any, *, cu_seqlens_q: Any = None, cu_seqlens_k: A
             causal: bool, window_size_left: int | None, window_size_right: int | None, softcap: float = 0.0,
             return_lse: bool = False) -> tuple[Any, Any]:
     """`_flash_attn_fwd(...)[:2]` (out, lse), through a replayed plan where the signature has one."""
+    replay = enabled()
+    if replay:  # the hot path builds the key and runs the plan, nothing else
+        key = (_sig(q), _sig(k), _sig(v), _sig(cu_seqlens_q), _sig(cu_seqlens_k), _aliases(
+               q, k, v, cu_seqlens_q, cu_seqlens_k), max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+               window_size_left, window_size_right, softcap, return_lse)
+        plan = _lookup(key)
+        tensors = {"q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k}
+        if type(plan) is Plan and plan.verified:
+            STATS["replayed"] += 1
+            return plan.run(tensors)
     kw = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
               max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=causal,
               window_size_left=window_size_left, window_size_right=window_size_right, softcap=softcap,
               return_lse=return_lse)
-    if not enabled():
+    if not replay:
         return _own(q, k, v, kw)
-    key = (_sig(q), _sig(k), _sig(v), _sig(cu_seqlens_q), _sig(cu_seqlens_k), _aliases(q, k, v, cu_seqlens_q,
-           cu_seqlens_k), max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_size_left, window_size_right,
-           softcap, return_lse)
-    plan = _lookup(key)
-    tensors = {"q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k}
-    if type(plan) is Plan and plan.verified:
-        STATS["replayed"] += 1
-        return plan.run(tensors)
     if isinstance(plan, str) or _capturing(q):
         STATS["own_path"] += 1
         return _own(q, k, v, kw)
@@ -431,22 +434,24 @@ def backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *, softmax_s
              deterministic: bool = False) -> tuple[Any, Any, Any]:
     """`_flash_attn_bwd(...)[:3]` (dq, dk, dv), through a replayed plan where the signature has one. `dout` must be
     contiguous (FlashAttnFunc's backward gets it so from attnkit: fa4_ops.backward_kernels)."""
+    replay = enabled()
+    if replay:  # the hot path builds the key and runs the plan, nothing else
+        key = ("bwd", _sig(dout), _sig(q), _sig(k), _sig(v), _sig(out), _sig(lse), _sig(cu_seqlens_q),
+               _sig(cu_seqlens_k), _aliases(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k), max_seqlen_q,
+               max_seqlen_k, softmax_scale, causal, softcap, window_size_left, window_size_right, deterministic)
+        tensors = {"dout": dout, "q": q, "k": k, "v": v, "out": out, "lse": lse, "cu_seqlens_q": cu_seqlens_q,
+                   "cu_seqlens_k": cu_seqlens_k}
+        plan = _lookup(key)
+        if type(plan) is StepPlan and plan.verified:
+            STATS["replayed"] += 1
+            STATS["bwd_replayed"] += 1
+            return plan.run(tensors)  # type: ignore[return-value]
     kw = dict(window_size_left=window_size_left, window_size_right=window_size_right, cu_seqlens_q=cu_seqlens_q,
               cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
               deterministic=deterministic)
     args = (q, k, v, out, dout, lse, softmax_scale, causal, softcap)
-    if not enabled():
+    if not replay:
         return _own_bwd(args, kw)
-    key = ("bwd", _sig(dout), _sig(q), _sig(k), _sig(v), _sig(out), _sig(lse), _sig(cu_seqlens_q),
-           _sig(cu_seqlens_k), _aliases(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k), max_seqlen_q,
-           max_seqlen_k, softmax_scale, causal, softcap, window_size_left, window_size_right, deterministic)
-    tensors = {"dout": dout, "q": q, "k": k, "v": v, "out": out, "lse": lse, "cu_seqlens_q": cu_seqlens_q,
-               "cu_seqlens_k": cu_seqlens_k}
-    plan = _lookup(key)
-    if type(plan) is StepPlan and plan.verified:
-        STATS["replayed"] += 1
-        STATS["bwd_replayed"] += 1
-        return plan.run(tensors)  # type: ignore[return-value]
     if isinstance(plan, str) or _capturing(q):
         STATS["own_path"] += 1
         return _own_bwd(args, kw)

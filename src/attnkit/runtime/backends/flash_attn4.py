@@ -70,11 +70,11 @@ class FlashAttn4(Backend):
                 p.max_seqlen_k if call.varlen else -1, p.scale, call.causal, left, right,
                 float(p.softcap) if call.softcap else 0.0)
         if call.trace == "compile":  # recorded as attnkit::fa4_fwd / fa4_bwd: nothing imported while tracing
-            if not call.requires_grad:  # no autograd kernel, no log-sum-exp (fa4_ops says what that saves)
+            if not call.requires_grad:  # no autograd, no log-sum-exp (fa4_ops says what that saves)
                 infer = fa4_ops.ops().fa4_fwd_infer
                 return lambda q, k, v: infer(q, k, v, *args)
-            op = fa4_ops.ops().fa4_fwd
-            return lambda q, k, v: op(q, k, v, *args)[0]
+            graph_train, det_graph = fa4_ops.graph_function().apply, call.deterministic
+            return lambda q, k, v: graph_train(q, k, v, *args, det_graph)
         fa = loaders.load_fa4()
         if not fa4_replay.enabled():  # ATTNKIT_FA4_REPLAY=0: FA4's own functions, as a user calls them
             return _own_runner(fa, call, p)
