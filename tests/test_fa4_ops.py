@@ -250,15 +250,12 @@ def test_a_double_backward_through_the_graph_function_is_refused_in_one_line(cpu
         torch.autograd.grad(out.sum(), (q,), create_graph=True)
 
 
-def test_attention_compiled_with_fa4_records_its_ops_and_gives_the_reference_gradient(cpu_kernels, monkeypatch):
-    """attention() under torch.compile(fullgraph=True), FlashAttention-4 selected, forward and backward: the path a
-    compiled training step takes (nonstrict_trace, then AOTAutograd tracing graph_function). On this CPU machine
-    FA4's limits are widened to the CPU and its kernels are the CPU reference: what is checked is the graph
-    (fa4_fwd in the forward, fa4_bwd in the backward, nothing else of attnkit's), the gradients, and that nothing
-    from flash_attn was imported."""
+@pytest.fixture
+def fa4_on_cpu(cpu_kernels, monkeypatch):
+    """FlashAttention-4 selectable for CPU tensors (its limits widened to the CPU, a fake H200 probe with
+    flash-attn-4), its ops' kernels the CPU reference: attention()'s graph path, runnable here."""
     from dataclasses import replace
 
-    import attnkit
     from attnkit.runtime import probe as probe_mod
     from attnkit.runtime.backends.base import ArchLimits
     from attnkit.runtime.backends.flash_attn4 import FlashAttn4
@@ -270,6 +267,16 @@ def test_attention_compiled_with_fa4_records_its_ops_and_gives_the_reference_gra
     monkeypatch.setattr(FlashAttn4, "extra_unavailable", lambda self, probe: [])
     p = fake_probe((9, 0), ("flash-attn-4",))
     monkeypatch.setattr(probe_mod, "probe", lambda *a, **k: p)
+
+
+def test_attention_compiled_with_fa4_records_its_ops_and_gives_the_reference_gradient(fa4_on_cpu):
+    """attention() under torch.compile(fullgraph=True), FlashAttention-4 selected, forward and backward: the path a
+    compiled training step takes (nonstrict_trace, then AOTAutograd tracing graph_function). On this CPU machine
+    FA4's limits are widened to the CPU and its kernels are the CPU reference: what is checked is the graph
+    (fa4_fwd in the forward, fa4_bwd in the backward, nothing else of attnkit's), the gradients, and that nothing
+    from flash_attn was imported."""
+    import attnkit
+
     torch.manual_seed(3)
     q = torch.randn(2, 12, 4, 16, dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(2, 12, 2, 16, dtype=torch.bfloat16, requires_grad=True)
@@ -298,3 +305,29 @@ def test_attention_compiled_with_fa4_records_its_ops_and_gives_the_reference_gra
     ours = [[t for t in graph if t.startswith("attnkit.")] for graph in seen]
     assert ours == [["attnkit.fa4_fwd.default"], ["attnkit.fa4_bwd.default"]], seen
     assert "flash_attn.cute" not in sys.modules
+
+
+def test_torch_export_keeps_the_fa4_forward_op(fa4_on_cpu):
+    """torch.export (its default, non-strict) of a module whose attention() call FA4 serves: the exported program
+    holds attnkit::fa4_fwd (the module's weight requires grad, so the call is traced through graph_function) and
+    runs. (Strict export fails inside torch on any attention() call, FA4 or not, on torch 2.13: its fake-tensor
+    memo is handed the TreeSpec that dynamo's nonstrict_trace passes, "cannot create weak reference".)"""
+    import attnkit
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(16, 16, dtype=torch.bfloat16)
+
+        def forward(self, x):
+            q = self.proj(x)
+            return attnkit.attention(q, x, x, causal=True, backend="flash_attn4")
+
+    torch.manual_seed(4)
+    block, x = Block(), torch.randn(2, 8, 4, 16, dtype=torch.bfloat16)
+    ep = torch.export.export(block, (x,))
+    targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+    assert [t for t in targets if t.startswith("attnkit.")] == ["attnkit.fa4_fwd.default"], targets
+    with torch.no_grad():
+        want = _ref(block.proj(x), x, x, 0.25, True)[0]
+        assert (ep.module()(x).float() - want.float()).abs().max() < 0.05

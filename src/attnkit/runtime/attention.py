@@ -41,7 +41,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: fl
     cached by identity and torch's in-place version: change them with torch ops, not through `.data`.
     `backend` (or $ATTNKIT_BACKEND) forces one backend and fails with its reasons if it cannot serve.
     Returns a tensor shaped like q with v's head_dim. Differentiable. Inside torch.compile (fullgraph too),
-    torch.export and torch.jit.trace the chosen kernel is recorded into the graph (runtime/graph.py).
+    torch.export (non-strict, its default; strict export fails inside torch 2.13) and torch.jit.trace the
+    chosen kernel is recorded into the graph (runtime/graph.py).
     """
     if _compiling():
         names = tuple(n for n, t in (("alibi_slopes", alibi_slopes), ("attn_bias", attn_bias),

@@ -26,7 +26,7 @@ not supported (torch warns at backward and gives no gradient): attention() and g
 Their fake implementations give FA4's output and log-sum-exp shapes (lse: (batch, heads, seqlen_q) float32, or
 (heads, total_q) for varlen: `_flash_attn_fwd`'s own allocation) without importing `flash_attn.cute` (4-5 s):
 the real module loads only when a real call runs. dynamo records the ops, AOTAutograd keeps the backward op,
-torch.export keeps both, and CUDA graphs capture them like the eager call (FA4 compiles on first use, which
+torch.export (non-strict, its default) keeps the forward op, and CUDA graphs capture them like the eager call (FA4 compiles on first use, which
 warmup pays: `attnkit warmup` runs attention(), whose compiled path goes through these same kernels).
 """
 
@@ -35,7 +35,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from attnkit.runtime.backends import fa4_replay  # no torch, no flash_attn at import: cheap, and off the hot path
+# imported here, not per call: it imports neither torch nor flash_attn
+from attnkit.runtime.backends import fa4_replay
 
 NS = "attnkit"
 _ARGS = ("Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, float softmax_scale, "
