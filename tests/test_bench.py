@@ -139,6 +139,18 @@ def test_compiled_against_eager_side_by_side_on_cpu():
             compiled.run_compiled("/nonexistent/x.json")
 
 
+def test_host_added_splits_compiles_cost_between_torch_and_attnkit():
+    """From a real compiled run's host totals (the H100 rerun's window-1024 fwd+bwd row): compiling added 769.4 us
+    to attnkit's call and 655.6 us to the plain call's; a race without the plain call reports attnkit's alone."""
+    from attnkit.bench import compiled
+
+    host = {"eager": {"us_per_call": 803.6}, "compiled": {"us_per_call": 1573.0},
+            "plain_eager": {"us_per_call": 638.6}, "plain_compiled": {"us_per_call": 1294.2}}
+    assert compiled.host_added(host) == {"attnkit": 769.4, "plain": 655.6}
+    del host["plain_compiled"]
+    assert compiled.host_added(host) == {"attnkit": 769.4}
+
+
 def test_host_profile_names_where_a_calls_host_time_goes():
     from attnkit.bench import compiled
 

@@ -82,6 +82,18 @@ def host_profile(fn: Any, device: str, calls: int = 20, top: int = 12) -> dict[s
                            for (f, line, name), (_cc, _nc, tt, _ct, _callers) in rows}}
 
 
+def host_added(host: dict[str, Any]) -> dict[str, float]:
+    """Host time compiling adds to a call (compiled - eager, us a call, from host_profile's totals), for attnkit's
+    call and for the plain call in the same race: torch.compile's own cost is what both pay; what attnkit's
+    figure has beyond the plain call's is its own. With a sync per call, host time only shows where the kernel is
+    shorter than it, which is why a short FA4 kernel loses a ratio that a long SDPA kernel hides."""
+    out = {}
+    for name, (eager, compiled) in (("attnkit", ("eager", "compiled")), ("plain", ("plain_eager", "plain_compiled"))):
+        if eager in host and compiled in host:
+            out[name] = round(host[compiled]["us_per_call"] - host[eager]["us_per_call"], 1)
+    return out
+
+
 def replay_counts(fn: Any, calls: int = 5) -> dict[str, int]:
     """What FA4's replay (runtime/backends/fa4_replay.py) did over `calls` steady calls of `fn`, after the timings:
     a compiled FA4 step that replays counts a replay per pass, one on FA4's own path counts `own_path` (its Python
@@ -165,6 +177,7 @@ def compare(s: Shape, device: str = "cuda", iters: int = 10, rounds: int = 4) ->
                     row.setdefault("fa4_replay", {})[ps] = {n: replay_counts(fn) for n, fn in fns.items()}
                     row["kernels"][ps] = {n: kernels(fn) for n, fn in fns.items()}
                     row.setdefault("host", {})[ps] = {n: host_profile(fn, device) for n, fn in fns.items()}
+                    row.setdefault("host_added_us", {})[ps] = host_added(row["host"][ps])
                 except Exception as e:
                     row.setdefault("diagnosis_errors", {})[ps] = f"{type(e).__name__}: {first_line(e)}"
         row["ms"][ps] = {n: {"sync": round(sync[n] * 1e3, 4), "b2b": round(b2b[n] * 1e3, 4)} for n in fns}
