@@ -343,3 +343,31 @@ def test_varlen_fast_path_is_keyed_by_cu_seqlens_identity_and_version():
     with pytest.raises(ValueError, match="cu_seqlens_q: ends at 9"):
         attnkit.attention(q, k, v, cu_seqlens_q=torch.tensor([0, 4, 9], dtype=torch.int32), cu_seqlens_k=cu,
                           max_seqlen_q=6, max_seqlen_k=7)
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+@pytest.mark.parametrize("kw", [dict(causal=True), dict(causal=True, alibi_slopes="heads"), dict(window=(2, 1))])
+def test_activation_checkpointing_with_attention_as_the_last_op(use_reentrant, kw):
+    """torch.utils.checkpoint around a block whose last op is attention(): the non-reentrant recomputation stops
+    early by raising from inside that call (_StopRecomputationError). attention() hands it on instead of taking it
+    for a kernel failure (which demoted the backend, warned, and broke the backward: "target_frame.early_stop is
+    set"). Gradients equal the block's without checkpointing; no fallback warning."""
+    import warnings
+
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(5)
+    q, k, v = rand(2, 9, 4, 8), rand(2, 9, 4, 8), rand(2, 9, 4, 8)
+    if kw.get("alibi_slopes") == "heads":
+        kw = {**kw, "alibi_slopes": torch.rand(4)}
+
+    def block(q, k, v):
+        return attnkit.attention(q * 2, k, v, **kw)
+
+    g = torch.randn(2, 9, 4, 8)
+    want = torch.autograd.grad(block(q, k, v), (q, k, v), g)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a fallback warns (RuntimeWarning): none may happen
+        checkpoint(block, q, k, v, use_reentrant=use_reentrant).backward(g)  # reentrant takes no autograd.grad
+    for t, b in zip((q, k, v), want, strict=True):
+        torch.testing.assert_close(t.grad, b)

@@ -33,15 +33,25 @@ def _ref(q, k, v, scale, causal):
     return (torch.softmax(s, -1) @ vt).transpose(1, 2).to(q.dtype).contiguous(), lse.contiguous()
 
 
+bwd_calls: list[bool] = []  # the `deterministic` argument of each reference backward call
+
+
 @pytest.fixture(scope="module")
 def cpu_kernels():
-    """A CPU reference for the three ops, registered for this module's tests only (opcheck needs a real kernel)."""
+    """A CPU reference for the four ops, registered for this module's tests only (opcheck needs a real kernel).
+    Not differentiable, like FA4's kernels: a gradient that reaches q, k, v came through an autograd formula."""
 
     def fwd(q, k, v, cu_q, cu_k, mq, mk, scale, causal, wl, wr, cap):
-        return _ref(q, k, v, scale, causal)
+        with torch.no_grad():
+            return _ref(q, k, v, scale, causal)
 
     def bwd(dout, q, k, v, out, lse, cu_q, cu_k, mq, mk, scale, causal, wl, wr, cap, det):
-        # the attention backward written out (autograd does not run inside an op's kernel)
+        bwd_calls.append(det)
+        with torch.no_grad():
+            return _bwd(dout, q, k, v, out, lse, scale, causal)
+
+    def _bwd(dout, q, k, v, out, lse, scale, causal):
+        # the attention backward written out
         g = q.shape[2] // k.shape[2]
         qt, kt, vt, dot, ot = (t.transpose(1, 2).double() for t in (q, k, v, dout, out))
         kt, vt = kt.repeat_interleave(g, 1), vt.repeat_interleave(g, 1)
@@ -59,6 +69,7 @@ def cpu_kernels():
         return dq.transpose(1, 2).to(q.dtype).contiguous(), fold(dk, k), fold(dv, v)
 
     torch.library.register_kernel("attnkit::fa4_fwd", "cpu", fwd)
+    torch.library.register_kernel("attnkit::fa4_fwd_raw", "cpu", fwd)
     torch.library.register_kernel("attnkit::fa4_fwd_infer", "cpu", lambda *a: fwd(*a)[0])
     torch.library.register_kernel("attnkit::fa4_bwd", "cpu", bwd)
     return
@@ -110,26 +121,43 @@ def test_fake_shapes_stay_symbolic():
 
 
 def test_opcheck_with_a_cpu_reference_kernel(cpu_kernels):
-    """opcheck on all three ops: schema, fake against real kernel, AOT dispatch with static and dynamic shapes. The
-    inputs do not require grad: the ops have no autograd kernel by design (autograd is graph_function; fa4_ops
-    says why), which opcheck's autograd-registration test would report for inputs that do."""
+    """opcheck on the four ops: schema, fake against real kernel, AOT dispatch with static and dynamic shapes, and
+    for fa4_fwd, whose inputs require grad here, its autograd registration. The others take inputs without grad:
+    they have no autograd kernel by design (fa4_ops says why), which opcheck would report for inputs that do."""
     torch.manual_seed(0)
     for causal, (sq, sk) in ((True, (16, 16)), (False, (8, 24)), (True, (5, 12))):
         q = torch.randn(2, sq, 4, 16)
         k = torch.randn(2, sk, 2, 16)
         v = torch.randn(2, sk, 2, 16)
         args = (None, None, -1, -1, 1 / math.sqrt(16), causal, -1, -1, 0.0)
-        torch.library.opcheck(OPS.fa4_fwd, (q, k, v, *args))
+        grads = tuple(t.clone().requires_grad_() for t in (q, k, v))
+        torch.library.opcheck(OPS.fa4_fwd, (*grads, *args))
+        torch.library.opcheck(OPS.fa4_fwd_raw, (q, k, v, *args))
         torch.library.opcheck(OPS.fa4_fwd_infer, (q, k, v, *args))
-        out, lse = OPS.fa4_fwd(q, k, v, *args)
+        out, lse = OPS.fa4_fwd_raw(q, k, v, *args)
         torch.library.opcheck(OPS.fa4_bwd, (torch.randn_like(out), q, k, v, out, lse, *args, False))
 
 
-def test_the_ops_have_no_autograd_kernel_to_run_in_a_compiled_graph():
-    """A Python kernel at the Autograd key would run on every call of a compiled graph (the forward graph runs
-    with grad off, and still enters it): 10-30% of a compiled one-op step's host time on the dev CPU (fa4_ops)."""
-    for name in ("fa4_fwd", "fa4_bwd", "fa4_fwd_infer"):
-        assert not torch._C._dispatch_has_kernel_for_dispatch_key(f"attnkit::{name}", "Autograd"), name
+def test_only_fa4_fwd_has_an_autograd_kernel():
+    """A Python kernel at the Autograd key would run on every call of a compiled graph (its forward graph runs
+    with grad off, and still enters it): 10-30% of a compiled one-op step's host time on the dev CPU (fa4_ops).
+    fa4_fwd keeps one for torch.export and direct callers; what compiled graphs record has none."""
+    has = {name: torch._C._dispatch_has_kernel_for_dispatch_key(f"attnkit::{name}", "Autograd")
+           for name in ("fa4_fwd", "fa4_fwd_raw", "fa4_bwd", "fa4_fwd_infer")}
+    assert has == {"fa4_fwd": True, "fa4_fwd_raw": False, "fa4_bwd": False, "fa4_fwd_infer": False}
+
+
+def test_autograd_through_the_fa4_fwd_op_gives_the_reference_gradient(cpu_kernels):
+    torch.manual_seed(1)
+    q = torch.randn(2, 12, 4, 16, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 12, 2, 16, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 12, 2, 16, dtype=torch.float64, requires_grad=True)
+    out, _ = OPS.fa4_fwd(q, k, v, None, None, -1, -1, 0.25, True, -1, -1, 0.0)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), g)
+    ref = torch.autograd.grad(_ref(q, k, v, 0.25, True)[0], (q, k, v), g)
+    for a, b in zip(got, ref, strict=True):
+        assert (a - b).abs().max() < 1e-5  # the reference is float32 math
 
 
 def _graph_train(q, k, v, scale, causal):
@@ -178,35 +206,38 @@ def test_the_compile_path_records_fa4_when_it_is_selected(monkeypatch):
 
 
 def test_the_traced_call_records_the_autograd_op_only_when_a_gradient_is_needed(monkeypatch):
-    """FlashAttn4.bind under trace: graph_function (fa4_fwd and its backward) for a call that requires grad,
-    fa4_fwd_infer for one that does not (a graph's requires_grad is part of dynamo's guards: the two never share a graph)."""
+    """FlashAttn4.bind under trace: graph_function (fa4_fwd_raw and fa4_bwd) for a call that requires grad under
+    torch.compile, fa4_fwd (its backward registered) under torch.export, fa4_fwd_infer for a call without grad (a graph's requires_grad is part of dynamo's guards: the two never share a graph)."""
     from types import SimpleNamespace
 
     from attnkit.runtime.backends.flash_attn4 import FlashAttn4
     from attnkit.runtime.call import Inputs
 
     seen = []
-    fake_ops = SimpleNamespace(fa4_fwd_infer=lambda *a: seen.append("fa4_fwd_infer") or "out")
+    fake_ops = SimpleNamespace(fa4_fwd_infer=lambda *a: seen.append("fa4_fwd_infer") or "out",
+                               fa4_fwd=lambda *a: seen.append("fa4_fwd") or ("out", "lse"))
     monkeypatch.setattr(fa4_ops, "ops", lambda: fake_ops)
     fake_function = SimpleNamespace(apply=lambda *a: seen.append(("graph_function", a[-1])) or "out")
     monkeypatch.setattr(fa4_ops, "graph_function", lambda: fake_function)
-    for grad in (False, True):
+    for grad, export in ((False, False), (True, False), (True, True)):
+        monkeypatch.setattr(fa4_ops, "exporting", lambda export=export: export)
         q = torch.randn(1, 8, 2, 16, requires_grad=grad)
         call, params = Inputs(q, q, q, causal=True).prepare("compile")
         assert call.requires_grad is grad
         assert FlashAttn4().bind(call, params, q, q, q)(q, q, q) == "out"
-    assert seen == ["fa4_fwd_infer", ("graph_function", False)]  # the last argument: deterministic
+    # the last argument: deterministic; torch.export gets the op that carries its backward
+    assert seen == ["fa4_fwd_infer", ("graph_function", False), "fa4_fwd"]
 
 
 def test_compiled_forward_and_backward_run_the_ops_directly(cpu_kernels):
     """torch.compile(fullgraph) of graph_function (attention()'s compiled training path), forward and backward,
-    with the CPU reference kernels: the same output and gradients as eager, fa4_fwd alone in the forward graph
-    and fa4_bwd in the backward graph. The ops are plain torch.library definitions, not custom_op: custom_op's
+    with the CPU reference kernels: the reference gradients, fa4_fwd_raw alone in the forward graph and fa4_bwd
+    in the backward graph. The ops are plain torch.library definitions, not custom_op: custom_op's
     per-call aliasing check in its backend_impl wrapper cost 0.43 ms a forward on the H200 (fa4_ops.ops() says
     where that was measured)."""
     from torch._library.custom_ops import _maybe_get_opdef
 
-    assert _maybe_get_opdef("attnkit::fa4_fwd") is None and _maybe_get_opdef("attnkit::fa4_bwd") is None
+    assert all(_maybe_get_opdef(f"attnkit::{n}") is None for n in ("fa4_fwd", "fa4_fwd_raw", "fa4_bwd"))
     torch.manual_seed(2)
     q = torch.randn(2, 9, 4, 16, requires_grad=True)
     k = torch.randn(2, 9, 2, 16, requires_grad=True)
@@ -236,15 +267,19 @@ def test_compiled_forward_and_backward_run_the_ops_directly(cpu_kernels):
         assert (a - b).abs().max() < 1e-5
     fwd_ops = [t for t in seen[0] if t.startswith("attnkit.")]
     bwd_ops = [t for t in seen[-1] if t.startswith("attnkit.")]
-    assert fwd_ops == ["attnkit.fa4_fwd.default"] and bwd_ops == ["attnkit.fa4_bwd.default"], seen
+    assert fwd_ops == ["attnkit.fa4_fwd_raw.default"] and bwd_ops == ["attnkit.fa4_bwd.default"], seen
 
 
-def test_a_double_backward_through_the_graph_function_is_refused_in_one_line(cpu_kernels):
+@pytest.mark.parametrize("path", ["graph_function", "fa4_fwd op"])
+def test_a_double_backward_through_fa4_is_refused_in_one_line(cpu_kernels, path):
     """FlashAttention-4 has no double backward: a backward that builds a graph (create_graph=True, the first step of
     a gradient of gradients) raises one line naming the way out (tests/test_fa4_replay.py checks the eager
     Function), instead of giving a gradient without its second-order part."""
     q, k, v = (torch.randn(1, 6, 2, 16, dtype=torch.float64, requires_grad=True) for _ in range(3))
-    out = _graph_train(q, k, v, 0.25, True)
+    if path == "graph_function":
+        out = _graph_train(q, k, v, 0.25, True)
+    else:
+        out = OPS.fa4_fwd(q, k, v, None, None, -1, -1, 0.25, True, -1, -1, 0.0)[0]
     assert torch.autograd.grad(out.sum(), (q,), retain_graph=True)[0].shape == q.shape  # first order works
     with pytest.raises(RuntimeError, match=r"^flash_attn4: FlashAttention-4 has no double backward .*sdpa_math"):
         torch.autograd.grad(out.sum(), (q,), create_graph=True)
@@ -273,8 +308,7 @@ def test_attention_compiled_with_fa4_records_its_ops_and_gives_the_reference_gra
     """attention() under torch.compile(fullgraph=True), FlashAttention-4 selected, forward and backward: the path a
     compiled training step takes (nonstrict_trace, then AOTAutograd tracing graph_function). On this CPU machine
     FA4's limits are widened to the CPU and its kernels are the CPU reference: what is checked is the graph
-    (fa4_fwd in the forward, fa4_bwd in the backward, nothing else of attnkit's), the gradients, and that nothing
-    from flash_attn was imported."""
+    (fa4_fwd_raw in the forward, fa4_bwd in the backward, nothing else of attnkit's) and the gradients."""
     import attnkit
 
     torch.manual_seed(3)
@@ -303,14 +337,13 @@ def test_attention_compiled_with_fa4_records_its_ops_and_gives_the_reference_gra
     for a, b in zip(got, want, strict=True):
         assert (a.float() - b.float()).abs().max() < 0.05  # bf16 gradients against the float32 reference's
     ours = [[t for t in graph if t.startswith("attnkit.")] for graph in seen]
-    assert ours == [["attnkit.fa4_fwd.default"], ["attnkit.fa4_bwd.default"]], seen
-    assert "flash_attn.cute" not in sys.modules
+    assert ours == [["attnkit.fa4_fwd_raw.default"], ["attnkit.fa4_bwd.default"]], seen
 
 
-def test_torch_export_keeps_the_fa4_forward_op(fa4_on_cpu):
+def test_torch_export_keeps_fa4_fwd_with_its_backward(fa4_on_cpu):
     """torch.export (its default, non-strict) of a module whose attention() call FA4 serves: the exported program
-    holds attnkit::fa4_fwd (the module's weight requires grad, so the call is traced through graph_function) and
-    runs. (Strict export fails inside torch on any attention() call, FA4 or not, on torch 2.13: its fake-tensor
+    holds attnkit::fa4_fwd (the module's weight requires grad: the op that carries its backward), runs, and
+    trains. (Strict export fails inside torch on any attention() call, FA4 or not, on torch 2.13: its fake-tensor
     memo is handed the TreeSpec that dynamo's nonstrict_trace passes, "cannot create weak reference".)"""
     import attnkit
 
@@ -328,6 +361,34 @@ def test_torch_export_keeps_the_fa4_forward_op(fa4_on_cpu):
     ep = torch.export.export(block, (x,))
     targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
     assert [t for t in targets if t.startswith("attnkit.")] == ["attnkit.fa4_fwd.default"], targets
-    with torch.no_grad():
-        want = _ref(block.proj(x), x, x, 0.25, True)[0]
-        assert (ep.module()(x).float() - want.float()).abs().max() < 0.05
+    exported = ep.module()
+    got = exported(x)
+    want = _ref(block.proj(x), x, x, 0.25, True)[0]
+    assert (got.float() - want.float()).abs().max() < 0.05
+    # the exported program trains: the weight's gradient is the reference's (the kernels are not differentiable,
+    # so it can only come through fa4_fwd's registered backward)
+    g = torch.randn_like(got)
+    (dw,) = torch.autograd.grad(got, (exported.proj.weight,), g)
+    (want_dw,) = torch.autograd.grad(want, (block.proj.weight,), g)
+    assert dw.abs().max() > 0 and (dw.float() - want_dw.float()).abs().max() < 0.05 * want_dw.float().abs().max()
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_deterministic_reaches_fa4_bwd_through_the_compiled_and_the_op_path(fa4_on_cpu, deterministic):
+    """torch.use_deterministic_algorithms(True) at trace time gives FA4's backward deterministic=True (its
+    semaphore-ordered kernel), through attention() compiled and through the fa4_fwd op."""
+    import attnkit
+
+    q, k, v = (torch.randn(1, 8, 2, 16, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        torch._dynamo.reset()
+        step = torch.compile(lambda q, k, v: attnkit.attention(q, k, v, causal=True, backend="flash_attn4"),
+                             fullgraph=True, backend="aot_eager")
+        bwd_calls.clear()
+        step(q, k, v).sum().backward()
+        OPS.fa4_fwd(q, k, v, None, None, -1, -1, 0.25, True, -1, -1, 0.0)[0].sum().backward()
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert bwd_calls == [deterministic, deterministic]

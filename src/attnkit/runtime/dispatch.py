@@ -144,10 +144,13 @@ def first(inp: Inputs, backend: str | None, key: tuple[Any, ...] | None = None,
 
 
 def fallback(failed: Backend, exc: Exception, inp: Inputs, backend: str | None) -> Any:
-    """Retry once on the next candidate; an explicit choice never falls back."""
+    """Retry once on the next candidate; an explicit choice never falls back. Not a kernel's failure, and handed
+    on as it is: bad input (ValueError) and torch.utils.checkpoint's early stop, which its non-reentrant
+    recomputation raises from inside the last op that saves tensors (caught as a failure, it demoted the backend
+    and broke the backward: "Unexpected state: target_frame.early_stop is set")."""
     from attnkit.runtime.probe import probe
 
-    if isinstance(exc, ValueError):
+    if isinstance(exc, ValueError) or type(exc).__name__ == "_StopRecomputationError":
         raise exc
     # a kernel error may come from bad input that the cached path did not re-check: validate first
     call, params = inp.prepare()

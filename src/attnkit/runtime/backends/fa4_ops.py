@@ -6,28 +6,33 @@ therefore ruled FA4 out, and a compiled model ran cuDNN with masks built in the 
 speed on a sliding window, 0.62 on chunked prefill; docs/results/2026-12-01-h200-compile-before-ops.json,
 measured from outside the project).
 
-Three ops (defined through torch.library.Library: ops() says why not `custom_op`):
+Four ops (defined through torch.library.Library: ops() says why not `custom_op`):
 - `attnkit::fa4_fwd(q, k, v, cu_seqlens_q?, cu_seqlens_k?, max_seqlen_q, max_seqlen_k, scale, causal,
   window_left, window_right, softcap) -> (out, lse)`; window -1 = unbounded, max_seqlen -1 = not varlen.
+  Autograd-complete (`register_autograd`, backward fa4_bwd): what torch.export records for a call that needs a
+  gradient, so an exported program trains, and what anyone calling the op directly gets.
 - `attnkit::fa4_bwd(dout, q, k, v, out, lse, ..., deterministic) -> (dq, dk, dv)`, fa4_fwd's backward.
+- `attnkit::fa4_fwd_raw(...)`: fa4_fwd without an autograd kernel, for torch.compile's training graphs. There
+  the autograd formula is `graph_function()`, an autograd.Function over fa4_fwd_raw and fa4_bwd that AOTAutograd
+  traces into the same forward and backward graphs. A `register_autograd` kernel is Python that a compiled graph
+  runs on every call, needed or not (its forward runs with grad off): ~30 us of host time a compiled forward on
+  the H200 (2026-12-02 profile of a compiled window-1024 call); 10-30% of a compiled one-op fwd+bwd step's host
+  time on the 2-core dev CPU over five runs of tools/probe-compile-host.py (the one kept,
+  docs/results/2026-12-05-dev-compile-host-probe.json: 145.5 us with the kernels, 130.9 without). Without one,
+  the graph's calls take torch's C++ autograd fallback. fa4_bwd has none either: the double backward it would
+  refuse is refused by the formulas instead (NO_DOUBLE_BACKWARD).
 - `attnkit::fa4_fwd_infer(q, k, v, ...) -> out`: the forward of a graph that needs no gradient (inference, or
   the no_grad parts of a step); it writes no log-sum-exp (one allocation fewer), as FA4's own eager call
   without autograd does. The runtime records it only for calls traced without grad (FlashAttn4.bind); a graph
   whose inputs require grad is another graph to dynamo (its guards).
-None of them has an autograd kernel: the autograd formula is `graph_function()`, an autograd.Function over
-fa4_fwd and fa4_bwd that AOTAutograd traces like any other (the joint graph holds both ops). A kernel from
-`register_autograd` is Python that the compiled graph runs on every call, needed or not (there the forward runs
-with grad off, and the backward op's kernel only refuses a double backward): ~30 us of host time a compiled
-forward on the H200 (2026-12-02 profile of a compiled window-1024 call); 10-30% of a compiled one-op fwd+bwd
-step's host time on the 2-core dev CPU over five runs of tools/probe-compile-host.py (the one kept,
-docs/results/2026-12-05-dev-compile-host-probe.json: 145.5 us with the kernels, 130.9 without).
-Without one, the graph's calls take torch's C++ autograd fallback. Calling the ops directly with autograd is
-not supported (torch warns at backward and gives no gradient): attention() and graph_function() are the API.
 Their fake implementations give FA4's output and log-sum-exp shapes (lse: (batch, heads, seqlen_q) float32, or
 (heads, total_q) for varlen: `_flash_attn_fwd`'s own allocation) without importing `flash_attn.cute` (4-5 s):
 the real module loads only when a real call runs. dynamo records the ops, AOTAutograd keeps the backward op,
-torch.export (non-strict, its default) keeps the forward op, and CUDA graphs capture them like the eager call (FA4 compiles on first use, which
-warmup pays: `attnkit warmup` runs attention(), whose compiled path goes through these same kernels).
+torch.export (non-strict, its default) keeps fa4_fwd with its backward, and CUDA graphs capture them like the
+eager call (FA4 compiles on first use, which warmup pays: `attnkit warmup` runs attention(), whose compiled path
+goes through these same kernels). FA4 has no double backward: in eager and export a backward asked to build a
+graph (create_graph=True) raises NO_DOUBLE_BACKWARD; through a compiled graph a double backward is refused by
+torch itself ("torch.compile with aot_autograd does not currently support double backward").
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ _LIB: list[Any] = []  # the torch.library.Library holding the ops: registrations
 
 @functools.cache
 def ops() -> Any:
-    """Register the three ops (once per process) and return torch.ops.attnkit.
+    """Register the four ops (once per process) and return torch.ops.attnkit.
 
     Defined with torch.library.Library, not `torch.library.custom_op`: a custom_op's device kernel runs inside its
     `backend_impl` wrapper, which checks the outputs against the inputs for aliasing on every call. On the H200
@@ -70,6 +75,7 @@ def ops() -> Any:
     lib = torch.library.Library(NS, "FRAGMENT")
     _LIB.append(lib)
     lib.define(f"fa4_fwd{FWD_SCHEMA}")
+    lib.define(f"fa4_fwd_raw{FWD_SCHEMA}")
     lib.define(f"fa4_bwd{BWD_SCHEMA}")
     lib.define(f"fa4_fwd_infer{INFER_SCHEMA}")
 
@@ -86,6 +92,7 @@ def ops() -> Any:
                        window_left, window_right, softcap, lse=False)[0]
 
     lib.impl("fa4_fwd", fa4_fwd, "CUDA")
+    lib.impl("fa4_fwd_raw", fa4_fwd, "CUDA")
     lib.impl("fa4_bwd", backward_kernels, "CUDA")
     lib.impl("fa4_fwd_infer", fa4_fwd_infer, "CUDA")
 
@@ -97,9 +104,24 @@ def ops() -> Any:
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     torch.library.register_fake(f"{NS}::fa4_fwd", fwd_fake, lib=lib)
+    torch.library.register_fake(f"{NS}::fa4_fwd_raw", fwd_fake, lib=lib)
     torch.library.register_fake(f"{NS}::fa4_bwd", bwd_fake, lib=lib)
     torch.library.register_fake(f"{NS}::fa4_fwd_infer",
                                 lambda q, k, v, cu_q, *_: fake_outputs(q, v, cu_q is not None)[0], lib=lib)
+
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, Any]) -> None:
+        q, k, v, cu_q, cu_k, mq, mk, scale, causal, wl, wr, cap = inputs
+        ctx.save_for_backward(q, k, v, *output, cu_q, cu_k)
+        ctx.args = (mq, mk, scale, causal, wl, wr, cap, torch.are_deterministic_algorithms_enabled())
+
+    def backward(ctx: Any, dout: Any, _dlse: Any) -> tuple[Any, ...]:
+        if torch.is_grad_enabled():
+            raise RuntimeError(NO_DOUBLE_BACKWARD)
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        dq, dk, dv = torch.ops.attnkit.fa4_bwd(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.args)
+        return dq, dk, dv, *(None,) * 9
+
+    torch.library.register_autograd(f"{NS}::fa4_fwd", backward, setup_context=setup_context, lib=lib)
     return torch.ops.attnkit
 
 
@@ -182,12 +204,22 @@ def eager_function() -> Any:
     This is FlashAttnFunc's forward and backward with both host paths replayed: the same kernels with the same
     arguments. The kernels are called directly, not through the ops: eager needs no graph, and an op's dispatch
     into Python costs host time on every call."""
-    return _function(lambda *a: forward(*a, lse=True), backward_kernels, "Fa4EagerFunction")
+    return _function(functools.partial(forward, lse=True), backward_kernels, "Fa4EagerFunction")
 
 
 @functools.cache
 def graph_function() -> Any:
-    """FA4 with autograd inside a graph (torch.compile): the same Function over the fa4_fwd / fa4_bwd ops, which
-    AOTAutograd records (forward graph: fa4_fwd; backward graph: fa4_bwd)."""
+    """FA4 with autograd inside torch.compile's graphs: the same Function over the ops without autograd kernels,
+    which AOTAutograd records (forward graph: fa4_fwd_raw; backward graph: fa4_bwd). attention()'s compiled path,
+    not an API: under torch.func transforms dynamo drops its backward (zero gradients, no error; found in review),
+    and torch.export keeps no Python Function (export records fa4_fwd instead: `exporting()`)."""
     o = ops()
-    return _function(o.fa4_fwd, o.fa4_bwd, "Fa4GraphFunction")
+    return _function(o.fa4_fwd_raw, o.fa4_bwd, "Fa4GraphFunction")
+
+
+def exporting() -> bool:
+    """Whether the call is being traced by torch.export (whose program keeps ops, not Python autograd)."""
+    import torch
+
+    check = getattr(torch.compiler, "is_exporting", None)  # torch >= 2.6
+    return bool(check()) if check is not None else False

@@ -125,10 +125,9 @@ def _lookup(key: tuple) -> Any:
     plan = _PLANS.get(key)
     if plan is not None:
         if type(plan) is not str:
-            try:  # noqa: SIM105 (suppress() costs a context manager per call) one C call, atomic under the GIL
-                _PLANS.move_to_end(key)
-            except KeyError:  # evicted by another thread since the get: the plan in hand still serves this call
-                pass
+            with _LOCK:  # stats() iterates _PLANS under the lock: a move_to_end outside it breaks that iteration
+                if key in _PLANS:
+                    _PLANS.move_to_end(key)
         return plan
     if key in _SEEN:
         return None

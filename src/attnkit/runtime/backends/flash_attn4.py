@@ -73,6 +73,9 @@ class FlashAttn4(Backend):
             if not call.requires_grad:  # no autograd, no log-sum-exp (fa4_ops says what that saves)
                 infer = fa4_ops.ops().fa4_fwd_infer
                 return lambda q, k, v: infer(q, k, v, *args)
+            if fa4_ops.exporting():  # the op with its backward registered: an exported program trains
+                op = fa4_ops.ops().fa4_fwd
+                return lambda q, k, v: op(q, k, v, *args)[0]
             graph_train, det_graph = fa4_ops.graph_function().apply, call.deterministic
             return lambda q, k, v: graph_train(q, k, v, *args, det_graph)
         fa = loaders.load_fa4()
