@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -415,3 +416,46 @@ def test_fallback_blocks_nest_and_belong_to_their_thread():
     assert outer == ["sdpa_cudnn: RuntimeError: boom", "flash_attn4: RuntimeError: bang"]
     assert again == ["flash_attn4: RuntimeError: bang"]
     assert other == [[]]  # another thread's demotion is not this block's
+
+
+@pytest.mark.parametrize("error", ["CUDA out of memory. Tried to allocate 2.00 GiB.",
+                                   "cuDNN error: CUDNN_STATUS_ALLOC_FAILED"])
+def test_out_of_memory_is_raised_as_it_is_and_demotes_nothing(monkeypatch, error):
+    """An OOM is memory pressure, not a broken kernel: attention() raises torch's own error (a batch-size finder
+    catches it), warns nothing, demotes nothing; once memory is there again, the same backend serves the call."""
+    import warnings
+
+    import torch
+
+    import attnkit
+    from attnkit.runtime import dispatch
+
+    class Tight(Backend):
+        name = "sdpa_cpu"
+        limits = REGISTRY["sdpa_cpu"].limits
+        full = True
+        calls = 0
+
+        def compute(self, q, k, v, c, p):
+            Tight.calls += 1
+            if Tight.full:
+                raise (torch.OutOfMemoryError if "CUDA" in error else RuntimeError)(error)
+            return q * 1.0
+
+    monkeypatch.setitem(REGISTRY, "sdpa_cpu", Tight())
+    dispatch.invalidate()
+    q = torch.randn(1, 8, 2, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeError, match=re.escape(error)):  # a first call: selection, binding, the run
+            attnkit.attention(q, q, q, causal=True)
+        Tight.full = False
+        torch.testing.assert_close(attnkit.attention(q, q, q, causal=True), q)  # bound now
+        Tight.full = True
+        with pytest.raises(RuntimeError, match=re.escape(error)):  # the bound call's own path
+            attnkit.attention(q, q, q, causal=True)
+        assert sel.SELECTOR.demoted == {}
+        Tight.full = False
+        torch.testing.assert_close(attnkit.attention(q, q, q, causal=True), q)
+    assert Tight.calls == 4
+    dispatch.invalidate()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class AttnkitError(Exception):
     """An error a user can fix; its message is one line that names the input and what is allowed."""
@@ -51,3 +53,12 @@ def shown(name: object) -> str:
 def first_line(text: object, limit: int = 200) -> str:
     """The first non-empty line of a message (an exception's str), cut to `limit`: errors stay one line."""
     return next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")[:limit]
+
+
+OOM = re.compile(r"out of memory|ALLOC_FAILED", re.IGNORECASE)  # torch's, CUDA's, cuDNN's and cuBLAS's words
+
+
+def out_of_memory(exc: BaseException | str) -> bool:
+    """An allocation that failed: MemoryError, torch.OutOfMemoryError (a RuntimeError, known by its text), a CUDA
+    error or a cuDNN / cuBLAS status saying so; or a candidate's recorded error (timer.warm's text) that does."""
+    return isinstance(exc, MemoryError) or bool(OOM.search(str(exc)))

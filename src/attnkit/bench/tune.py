@@ -39,7 +39,7 @@ from attnkit._io import write_atomic
 from attnkit.bench.candidates import AUTO, JIT_WARM_CALLS, PLAIN
 from attnkit.bench.run import bench_shape, environment, measuring_device
 from attnkit.bench.shapes import Shape, mixed_lengths, varlen
-from attnkit.errors import UsageError, first_line
+from attnkit.errors import UsageError, first_line, out_of_memory
 from attnkit.runtime.call import AttentionCall, normalise_mask
 from attnkit.runtime.priority import rows_order
 from attnkit.runtime.table import SCHEMA, Rule
@@ -520,15 +520,6 @@ def run(out: Path, shard: tuple[int, int] = (1, 1), budget_s: float = 1500.0, qu
         say(f"tune {s.label}: {r['seconds']:.1f} s, fastest {decision_order(r, 'fwd')[:1]}")
     return {"planned": len(mine), "done_before": len(done), "ran": ran, "left": len(todo) - ran + waiting,
             "not_compiled": waiting}
-
-
-OOM = re.compile(r"out of memory|ALLOC_FAILED", re.IGNORECASE)  # torch's, CUDA's, cuDNN's and cuBLAS's words
-
-
-def out_of_memory(exc: BaseException | str) -> bool:
-    """An allocation that failed: MemoryError, torch.OutOfMemoryError (a RuntimeError, known by its text), a CUDA
-    error or a cuDNN / cuBLAS status saying so; or a candidate's recorded error (timer.warm's text) that does."""
-    return isinstance(exc, MemoryError) or bool(OOM.search(str(exc)))
 
 
 COMPILE_LOCK = "attnkit-tune-compile.lock"  # beside the shards' common --out, else in the temp folder

@@ -4,7 +4,7 @@ The first call of a signature validates its inputs, selects a backend and binds 
 everything that depends only on the signature prepared: arguments, masks, the route to the kernel). Later calls
 of that signature cost one dictionary lookup and the runner. A backend that raises at run time is demoted for
 its shape bucket, only that bucket's bound calls are dropped, and the call is retried once on the next
-candidate. `bind()` hands the bound call to a caller that fixes its call once (per layer, as vLLM does), so it
+candidate (bad input, out of memory and checkpoint's early stop are raised as they are: `fallback` says why). `bind()` hands the bound call to a caller that fixes its call once (per layer, as vLLM does), so it
 pays no key building at all.
 """
 
@@ -145,12 +145,19 @@ def first(inp: Inputs, backend: str | None, key: tuple[Any, ...] | None = None,
 
 def fallback(failed: Backend, exc: Exception, inp: Inputs, backend: str | None) -> Any:
     """Retry once on the next candidate; an explicit choice never falls back. Not a kernel's failure, and handed
-    on as it is: bad input (ValueError) and torch.utils.checkpoint's early stop, which its non-reentrant
-    recomputation raises from inside the last op that saves tensors (caught as a failure, it demoted the backend
-    and broke the backward: "Unexpected state: target_frame.early_stop is set")."""
+    on as it is, the backend kept:
+    - bad input (ValueError);
+    - torch.utils.checkpoint's early stop, which its non-reentrant recomputation raises from inside the last op
+      that saves tensors (caught as a failure, it demoted the backend and broke the backward: "Unexpected state:
+      target_frame.early_stop is set");
+    - out of memory: memory pressure, not the kernel's defect. A demotion would outlive it (the bucket slower for
+      the rest of the process), the next candidate needs memory too, and a batch-size finder (accelerate's
+      find_executable_batch_size, Lightning's BatchSizeFinder) must see torch's own OOM, as the plain call
+      raises it."""
+    from attnkit.errors import out_of_memory
     from attnkit.runtime.probe import probe
 
-    if isinstance(exc, ValueError) or type(exc).__name__ == "_StopRecomputationError":
+    if isinstance(exc, ValueError) or type(exc).__name__ == "_StopRecomputationError" or out_of_memory(exc):
         raise exc
     # a kernel error may come from bad input that the cached path did not re-check: validate first
     call, params = inp.prepare()
