@@ -110,16 +110,11 @@ def ops() -> Any:
                                 lambda q, k, v, cu_q, *_: fake_outputs(q, v, cu_q is not None)[0], lib=lib)
 
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, Any]) -> None:
-        q, k, v, cu_q, cu_k, mq, mk, scale, causal, wl, wr, cap = inputs
-        ctx.save_for_backward(q, k, v, *output, cu_q, cu_k)
-        ctx.args = (mq, mk, scale, causal, wl, wr, cap, torch.are_deterministic_algorithms_enabled())
+        q, k, v, cu_q, cu_k, *args = inputs
+        _save(ctx, q, k, v, *output, cu_q, cu_k, (*args, torch.are_deterministic_algorithms_enabled()))
 
     def backward(ctx: Any, dout: Any, _dlse: Any) -> tuple[Any, ...]:
-        if torch.is_grad_enabled():
-            raise RuntimeError(NO_DOUBLE_BACKWARD)
-        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-        dq, dk, dv = torch.ops.attnkit.fa4_bwd(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.args)
-        return dq, dk, dv, *(None,) * 9
+        return (*_gradients(ctx, dout, torch.ops.attnkit.fa4_bwd), *(None,) * 9)
 
     torch.library.register_autograd(f"{NS}::fa4_fwd", backward, setup_context=setup_context, lib=lib)
     return torch.ops.attnkit
@@ -168,6 +163,23 @@ NO_DOUBLE_BACKWARD = ("flash_attn4: FlashAttention-4 has no double backward (a g
                       "create_graph=True); use attention(..., backend='sdpa_math') for that call")
 
 
+def _save(ctx: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, cu_q: Any, cu_k: Any, args: tuple[Any, ...]) -> None:
+    """What FlashAttnFunc saves for its backward; `args`: the ops' scalars after cu_seqlens, then deterministic."""
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+    ctx.args = args
+
+
+def _gradients(ctx: Any, dout: Any, bwd: Any) -> tuple[Any, Any, Any]:
+    """(dq, dk, dv) from what `_save` kept; a backward asked to build a graph (create_graph=True) is refused."""
+    import torch
+
+    if torch.is_grad_enabled():
+        raise RuntimeError(NO_DOUBLE_BACKWARD)
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.args)
+    return dq, dk, dv
+
+
 def _function(fwd: Any, bwd: Any, name: str) -> Any:
     """FlashAttnFunc's autograd over a (forward -> (out, lse), backward -> (dq, dk, dv)) pair in the ops'
     arguments: the same saved (q, k, v, out, lse), the same backward call. FA4 has no double backward: a
@@ -179,17 +191,12 @@ def _function(fwd: Any, bwd: Any, name: str) -> Any:
         def forward(ctx: Any, q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, mq: int, mk: int, scale: float,
                     causal: bool, wl: int, wr: int, cap: float, deterministic: bool) -> Any:
             out, lse = fwd(q, k, v, cu_q, cu_k, mq, mk, scale, causal, wl, wr, cap)
-            ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-            ctx.args = (mq, mk, scale, causal, wl, wr, cap, deterministic)
+            _save(ctx, q, k, v, out, lse, cu_q, cu_k, (mq, mk, scale, causal, wl, wr, cap, deterministic))
             return out
 
         @staticmethod
         def backward(ctx: Any, dout: Any) -> tuple[Any, ...]:
-            if torch.is_grad_enabled():
-                raise RuntimeError(NO_DOUBLE_BACKWARD)
-            q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-            dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.args)
-            return (dq, dk, dv, *(None,) * 10)
+            return (*_gradients(ctx, dout, bwd), *(None,) * 10)
 
     Fa4Function.__name__ = Fa4Function.__qualname__ = name
     return Fa4Function

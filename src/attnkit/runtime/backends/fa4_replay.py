@@ -33,7 +33,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
-from attnkit.errors import first_line
+from attnkit.errors import first_line, out_of_memory
 from attnkit.runtime import loaders
 
 ENV = "ATTNKIT_FA4_REPLAY"
@@ -212,7 +212,7 @@ def _judge(key: tuple, plan: Any, same: Any, why: str, backward: bool = False) -
     try:
         ok = bool(same())
     except Exception as exc:
-        if "out of memory" in str(exc).lower():
+        if out_of_memory(exc):
             return
         ok, why = False, f"replay raised {type(exc).__name__}: {first_line(exc, 160)}"
     if ok:
