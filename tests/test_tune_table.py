@@ -940,12 +940,14 @@ def test_the_timed_run_measures_what_compile_only_compiled_first(tmp_path, monke
 # -- the packaged table ---------------------------------------------------------------------------------------------
 
 _RESULTS = Path(__file__).parent.parent / "docs" / "results"
-# the sweep's sessions: 157 cases, their FA4 forwards timed again with the replay, 106, 191 and 68 more cases
+# the sweep's sessions: 157 cases, their FA4 forwards timed again with the replay, 106, 191 and 68 more cases, ...
 PACKAGED_FROM = [*(_RESULTS / f"2026-12-02-h200-tune-{n}.jsonl"
                    for n in ("session7-157-cases", "session8-fwd-refresh-91-cases", "session9-106-cases")),
                  *(_RESULTS / f"2026-12-03-h200-tune-{n}.jsonl" for n in (
                      "session10-191-cases", "session11-68-cases", "session11b-70-cases", "session12-32-cases",
-                     "session12-train-refresh-42-cases"))]
+                     "session12-train-refresh-42-cases")),
+                 # torch_varlen's packed cases timed again on its direct route (an H100 of the same stack)
+                 _RESULTS / "2026-12-06-h100-tune-session15-varlen-refresh-15-cases.jsonl"]
 
 
 def test_the_packaged_sm90_table_is_the_merge_of_its_sweep_and_carries_its_provenance():
@@ -957,7 +959,8 @@ def test_the_packaged_sm90_table_is_the_merge_of_its_sweep_and_carries_its_prove
     assert json.loads(json.dumps(tune.merge(PACKAGED_FROM))) == packaged
     prov = packaged["provenance"]
     assert prov["gpus"] == ["NVIDIA H200"] and prov["torch"].startswith("2.11") and prov["cases"] == 624
-    assert prov["libraries"]["flash-attn-4"] and prov["driver"] and prov["date"].startswith("2026-12-03")
+    assert prov["passes_per_gpu"] == {"NVIDIA H200": 988, "NVIDIA H100 80GB HBM3": 29}  # the varlen refresh's passes
+    assert prov["libraries"]["flash-attn-4"] and prov["driver"] and prov["date"].startswith("2026-12-06")
     assert set(prov["grid"]["dtype"]) == {"bfloat16", "float16", "float32"}
     assert all(set(p["order"]) <= set(REGISTRY) for pts in packaged["cells"].values() for p in pts)
 

@@ -41,6 +41,8 @@
 #               REFRESH_KIND="train varlen": both, one after the other, each with the budgets below)
 #               (compile REFRESH_COMPILE s, timed REFRESH_BUDGET s) and merged over TUNE_FROM into
 #               $R/selection/sm90.json;
+#             sdpahost: attnkit's host time on torch's kernels in training against the plain call
+#               (tools/probe-sdpa-train-host.py, SDPAHOST_S s);
 #             tune: the plan's JIT kernels (FA4, flex) and the held-out shapes' compiled by SHARDS CPU shards
 #               (TUNE_COMPILE s), the timed sweep alone on the GPU over what they compiled (TUNE_BUDGET s;
 #               ONLY_COMPILED=0 times the rest too), merged into sm90.json + PNG; --validate against that table
@@ -55,7 +57,7 @@ S=${ATTNKIT_SESSION_DIR:-/root/attnkit-session}
 OUT=${OUT:-/tmp/out}; R=$S/results
 case ${1:-wait} in split|aside|back) ;; *) mkdir -p "$OUT" "$R" ;; esac   # these three run here, before the session
 ORACLE_OWN=${ORACLE_OWN:-360}; ORACLE_FORCED=${ORACLE_FORCED:-300}; TUNE_COMPILE=${TUNE_COMPILE:-200}
-TUNE_BUDGET=${TUNE_BUDGET:-300}; VALIDATE_S=${VALIDATE_S:-240}; HF_S=${HF_S:-300}; COMPILED_S=${COMPILED_S:-240}; REPLAY_S=${REPLAY_S:-240}; TRAIN_S=${TRAIN_S:-240}; REFRESH_COMPILE=${REFRESH_COMPILE:-150}; REFRESH_BUDGET=${REFRESH_BUDGET:-280}; VARLEN_S=${VARLEN_S:-120}; SHARDS=${SHARDS:-}
+TUNE_BUDGET=${TUNE_BUDGET:-300}; VALIDATE_S=${VALIDATE_S:-240}; HF_S=${HF_S:-300}; COMPILED_S=${COMPILED_S:-240}; REPLAY_S=${REPLAY_S:-240}; TRAIN_S=${TRAIN_S:-240}; REFRESH_COMPILE=${REFRESH_COMPILE:-150}; REFRESH_BUDGET=${REFRESH_BUDGET:-280}; VARLEN_S=${VARLEN_S:-120}; SDPAHOST_S=${SDPAHOST_S:-150}; SHARDS=${SHARDS:-}
 step=${1:-wait}
 
 phase() { echo "$(date +%T) $*" | tee -a "$R/phases.log"; }
@@ -233,6 +235,16 @@ varlen() {
   fi
 }
 
+sdpahost() {
+  # attnkit's host time on torch's own kernels in training against the plain SDPA call, interleaved
+  # (tools/probe-sdpa-train-host.py, SDPAHOST_S s): the H200 validate's GPT-2 fp16 row (12-15% behind the plain call)
+  if on "$SDPAHOST_S" "sdpa training host probe"; then
+  phase "sdpa training host probe"
+  timeout -k 15 "$SDPAHOST_S" python3 tools/probe-sdpa-train-host.py "$R/sdpa-train-host.json" > "$R/sdpa-train-host.log" 2>&1
+  phase "sdpa training host probe rc=$?"
+  fi
+}
+
 tune() {
   local i
   if on "$TUNE_BUDGET" tune && on "$TUNE_COMPILE" "tune (its compile phase)"; then
@@ -282,7 +294,7 @@ job() {
   local p
   for p in ${ORDER:-checks hf compiled tune}; do
     [ "$p" = tune ] || table_in_use   # every phase after a sweep runs on its table
-    case $p in checks|hf|compiled|tune|replay|refresh|train|varlen) $p ;; *) phase "skipped: unknown phase '$p' in ORDER (checks hf compiled tune replay refresh train varlen)" ;; esac
+    case $p in checks|hf|compiled|tune|replay|refresh|train|varlen|sdpahost) $p ;; *) phase "skipped: unknown phase '$p' in ORDER (checks hf compiled tune replay refresh train varlen sdpahost)" ;; esac
   done
   phase "DONE"
 }

@@ -56,7 +56,9 @@ the rule scores 0.951 / 0.942 (float32 0.923 / 0.910; symmetric head dims 0.937 
 0.950 / 0.940 and 0.948 / 0.937), the best of the ten variants
 (docs/results/2026-12-03-h200-tune-cross-check-522-cases.json). On 624 cases (965 calls; 42 training cases timed
 again on FA4's replayed training path) it scores 0.944 / 0.935, tied best with far 8x in work, whose worst call
-is worse (docs/results/2026-12-03-h200-tune-cross-check-624-cases.json).
+is worse (docs/results/2026-12-03-h200-tune-cross-check-624-cases.json). With torch_varlen's packed cases timed
+again on its direct route (15 cases, on an H100 of the same stack, 2026-12-06) the shipped rule scores 0.959 / 0.949,
+still the best of the 21 variants (docs/results/2026-12-06-dev-tune-cross-check-624-cases-varlen-refresh.json).
 """
 
 from __future__ import annotations
