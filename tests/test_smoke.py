@@ -99,12 +99,12 @@ def test_smoke_arguments_are_checked(capsys):
     assert "--case: unknown case 'nope'; known: mha, gqa" in capsys.readouterr().err
 
 
-def test_the_smoke_lets_its_flex_signatures_compile_past_dynamos_default_limit(monkeypatch):
+def test_the_smoke_lets_its_flex_signatures_compile_past_dynamos_default_limit():
     """One smoke process makes dozens of flex signatures (block masks included); past dynamo's limit of 8 they ran
     uncompiled on the H100 (2026-12-06), a path no model's process takes: the smoke raises it as bench and tune do."""
     import torch._dynamo.config as cfg
 
-    monkeypatch.setattr(cfg, "recompile_limit", 8)
-    monkeypatch.setattr(cfg, "accumulated_recompile_limit", 256)
-    assert smoke.run_smoke(backends=["sdpa_math"], cases=["mha"], quiet=True) == 0
-    assert cfg.recompile_limit >= 1024 and cfg.accumulated_recompile_limit >= 8 * 1024
+    with cfg.patch(recompile_limit=8, accumulated_recompile_limit=256):  # restored on exit (a monkeypatch of the
+        # config module deletes its entries on undo)
+        assert smoke.run_smoke(backends=["sdpa_math"], cases=["mha"], quiet=True) == 0
+        assert cfg.recompile_limit >= 1024 and cfg.accumulated_recompile_limit >= 8 * 1024
