@@ -25,7 +25,8 @@
 #             (only between phases: a running one imports lazily and could see half of the copy)
 #   job       the phases in ORDER (default "checks hf compiled tune"), each writing under $S/results (a phase's
 #             failure is logged, the next one runs):
-#             checks: smoke (beside the oracle; SMOKE_ONLY=none leaves it out, SMOKE_SPLIT=attnkit runs only
+#             checks: smoke (beside the oracle, at most SMOKE_S s: the phases after it wait for it, and on an H100
+#               on 2026-12-06 attention()'s own and compiled rows were still running after 6 min; SMOKE_ONLY=none leaves it out, SMOKE_SPLIT=attnkit runs only
 #               attention()'s own rows, in 3 processes); oracle: flash-attn's grid in SHARDS
 #               processes side by side (16 on a card over 100 GB, else 8), the own pick over the whole grid (ORACLE_OWN s), then every backend forced
 #               (ORACLE_FORCED s; 0 leaves it out), merged;
@@ -57,7 +58,7 @@ S=${ATTNKIT_SESSION_DIR:-/root/attnkit-session}
 OUT=${OUT:-/tmp/out}; R=$S/results
 case ${1:-wait} in split|aside|back) ;; *) mkdir -p "$OUT" "$R" ;; esac   # these three run here, before the session
 ORACLE_OWN=${ORACLE_OWN:-360}; ORACLE_FORCED=${ORACLE_FORCED:-300}; TUNE_COMPILE=${TUNE_COMPILE:-200}
-TUNE_BUDGET=${TUNE_BUDGET:-300}; VALIDATE_S=${VALIDATE_S:-240}; HF_S=${HF_S:-300}; COMPILED_S=${COMPILED_S:-240}; REPLAY_S=${REPLAY_S:-240}; TRAIN_S=${TRAIN_S:-240}; REFRESH_COMPILE=${REFRESH_COMPILE:-150}; REFRESH_BUDGET=${REFRESH_BUDGET:-280}; VARLEN_S=${VARLEN_S:-120}; SDPAHOST_S=${SDPAHOST_S:-150}; SHARDS=${SHARDS:-}
+TUNE_BUDGET=${TUNE_BUDGET:-300}; VALIDATE_S=${VALIDATE_S:-240}; HF_S=${HF_S:-300}; COMPILED_S=${COMPILED_S:-240}; REPLAY_S=${REPLAY_S:-240}; TRAIN_S=${TRAIN_S:-240}; REFRESH_COMPILE=${REFRESH_COMPILE:-150}; REFRESH_BUDGET=${REFRESH_BUDGET:-280}; VARLEN_S=${VARLEN_S:-120}; SDPAHOST_S=${SDPAHOST_S:-150}; SMOKE_S=${SMOKE_S:-900}; SHARDS=${SHARDS:-}
 step=${1:-wait}
 
 phase() { echo "$(date +%T) $*" | tee -a "$R/phases.log"; }
@@ -95,11 +96,11 @@ checks() {
   j=0
   for g in $groups; do   # flex compiles: 4 inductor threads each, beside the oracle's SHARDS single-threaded shards
     j=$((j + 1))
-    (TORCHINDUCTOR_COMPILE_THREADS=4 ATTNKIT_REPORT_DIR=$R $ak smoke --backend "$split" $(echo "$g" | sed 's/^/--case /; s/,/ --case /g') \
+    (TORCHINDUCTOR_COMPILE_THREADS=4 ATTNKIT_REPORT_DIR=$R timeout -k 15 "$SMOKE_S" $ak smoke --backend "$split" $(echo "$g" | sed 's/^/--case /; s/,/ --case /g') \
       --report "$R/smoke-$split-$j.json" > "$R/smoke-$split-$j.log" 2>&1; echo "smoke $split $j rc=$?" >> "$R/phases.log") &
   done
   if [ -n "$others" ]; then   # " ": every row, one process
-  (ATTNKIT_REPORT_DIR=$R $ak smoke $others --report "$R/smoke.json" > "$R/smoke.log" 2>&1; echo "smoke rc=$?" >> "$R/phases.log") &
+  (ATTNKIT_REPORT_DIR=$R timeout -k 15 "$SMOKE_S" $ak smoke $others --report "$R/smoke.json" > "$R/smoke.log" 2>&1; echo "smoke rc=$?" >> "$R/phases.log") &
   fi
   # 2026-12-01: 16 shards with every backend forced ran 461 cases in 300 s, the own pick alone ~20 cases/s:
   # the own pick over the whole grid first, then the forced backends for what is left of the budget. The 16
