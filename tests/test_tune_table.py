@@ -776,6 +776,32 @@ def test_only_compiled_with_what_it_cannot_serve_is_one_line(tmp_path, args, msg
     assert not Path(out).exists()
 
 
+def test_match_keeps_the_plans_order_and_only_the_cases_it_finds(tmp_path):
+    cases = tune.plan()
+    short = tune.matching(cases, r"\|-\|short\|")
+    assert short and len(short) < len(cases) and all("|-|short|" in s.label for s in short)
+    assert [s.label for s in cases if "|-|short|" in s.label] == [s.label for s in short]
+    assert tune.matching(cases, None) is cases
+    r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", "--plan", "--match", r"\|-\|short\|D64\|"],
+                       capture_output=True, text=True)
+    listed = r.stdout.split()
+    assert r.returncode == 0 and listed == [s.label for s in short if "|D64|" in s.label]
+
+
+@pytest.mark.parametrize(("args", "msg"), [
+    (["--plan", "--match", "("], "--match: '(' is not a regular expression"),
+    (["--plan", "--match", "nothing-like-a-label"], "--match: 'nothing-like-a-label' finds no planned case"),
+    (["--merge", "{out}", "--table", "{out}.json", "--match", "x"], "--match: not with --merge"),
+    (["--validate", "--match", "x"], "--match: not with --validate"),
+])
+def test_match_that_cannot_pick_is_one_line(tmp_path, args, msg):
+    out = str(tmp_path / "t.jsonl")
+    r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", *(a.format(out=out) for a in args)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not Path(out + ".json").exists()
+
+
 def test_half_precision_cells_alternate_between_the_two_dtypes_and_every_one_is_reachable():
     """Each half-precision cell of the plan is measured in one dtype; both dtypes are measured; and every
     half-precision table cell a call can fall in is the plan's cell or its sibling (rule 1)."""
@@ -947,7 +973,13 @@ PACKAGED_FROM = [*(_RESULTS / f"2026-12-02-h200-tune-{n}.jsonl"
                      "session10-191-cases", "session11-68-cases", "session11b-70-cases", "session12-32-cases",
                      "session12-train-refresh-42-cases")),
                  # torch_varlen's packed cases timed again on its direct route (an H100 of the same stack)
-                 _RESULTS / "2026-12-06-h100-tune-session15-varlen-refresh-15-cases.jsonl"]
+                 _RESULTS / "2026-12-06-h100-tune-session15-varlen-refresh-15-cases.jsonl",
+                 # the training cases near the cuDNN / FA4 crossover timed on FA4's training path (2026-12-04;
+                 # the newest steady timing of each), the plain short-packed cells (`tune --match`), and the
+                 # 2026-12-04 cases whose fwd+bwd was unsteady, timed again
+                 _RESULTS / "2026-12-04-h200-tune-session13-train-refresh-44-cases.jsonl",
+                 *(_RESULTS / f"2026-12-06-h200-tune-session16-{n}.jsonl"
+                   for n in ("short-packed-55-cases", "train-refresh-13-cases"))]
 
 
 def test_the_packaged_sm90_table_is_the_merge_of_its_sweep_and_carries_its_provenance():
@@ -958,8 +990,8 @@ def test_the_packaged_sm90_table_is_the_merge_of_its_sweep_and_carries_its_prove
     packaged = table.validate(json.loads(text), "sm90.json")
     assert json.loads(json.dumps(tune.merge(PACKAGED_FROM))) == packaged
     prov = packaged["provenance"]
-    assert prov["gpus"] == ["NVIDIA H200"] and prov["torch"].startswith("2.11") and prov["cases"] == 624
-    assert prov["passes_per_gpu"] == {"NVIDIA H200": 988, "NVIDIA H100 80GB HBM3": 29}  # the varlen refresh's passes
+    assert prov["gpus"] == ["NVIDIA H200"] and prov["torch"].startswith("2.11") and prov["cases"] == 679
+    assert prov["passes_per_gpu"] == {"NVIDIA H200": 1091, "NVIDIA H100 80GB HBM3": 29}  # the varlen refresh's passes
     assert prov["libraries"]["flash-attn-4"] and prov["driver"] and prov["date"].startswith("2026-12-06")
     assert set(prov["grid"]["dtype"]) == {"bfloat16", "float16", "float32"}
     assert all(set(p["order"]) <= set(REGISTRY) for pts in packaged["cells"].values() for p in pts)
@@ -1081,27 +1113,29 @@ def test_cross_check_cli_refuses_in_one_line(tmp_path, args, msg):
     assert good.read_text() == '{"header": true}\n'  # the input is never written
 
 
-VALIDATED = _RESULTS / "2026-12-03-h200-tune-validate-session12-624-cases-11-shapes.json"  # on the packaged table
+# timed on the H200 with the packaged table's data less 14 of its short-packed cases (timed after it)
+VALIDATED = _RESULTS / "2026-12-06-h200-tune-validate-session16-14-shapes.json"
 
 
 def test_rescore_decides_the_validate_shapes_again_and_times_each_pick_by_the_reports_measurement():
     """The validate report's figures stand for what ships while the runtime, as it is now, picks what the device
     picked on every shape, or a pick the report itself timed faster (a new table or rule that changes a pick
-    needs a new validate on the GPU, or this: the kv sharing before the sibling dtype, 2026-12-05, moved ViT-L's
-    fp16 forward from FA4 to torch's own SDPA pick, which that H200 run timed 0.955 / 1.0 of the fastest)."""
+    needs a new validate on the GPU, or this: the 14 short-packed cases timed after that validate moved the packed
+    encoder's forward from FA4 to torch_varlen, which that H200 run timed the fastest in both modes)."""
     rep = tune.rescore(VALIDATED)
     moved = [c for c in rep["calls"] if not c["same_pick"]]
-    assert rep["picks"] == 18 and [(c["shape"], c["pass"], c["pick"]) for c in moved] == [
-        ("val ViT-L S577 D64 non-causal fp16", "fwd", "sdpa")]
+    assert rep["picks"] == 24 and [(c["shape"], c["pass"], c["pick"]) for c in moved] == [
+        ("val packed encoder x64 24-200 H12 D64", "fwd", "torch_varlen")]
     data = json.loads(VALIDATED.read_text())
-    vit = next(r for r in data["shapes"] if r["shape"] == moved[0]["shape"])
+    enc = next(r for r in data["shapes"] if r["shape"] == moved[0]["shape"])
     for mode in ("sync", "b2b"):  # faster in both modes than the report's own pick, by the report's own times
-        assert vit["ms"]["attnkit:sdpa"]["fwd"][mode] < vit["ms"][f"attnkit:{vit['selected']['fwd']}"]["fwd"][mode]
+        assert (enc["ms"]["attnkit:torch_varlen"]["fwd"][mode]
+                < enc["ms"][f"attnkit:{enc['selected']['fwd']}"]["fwd"][mode])
     for c in rep["calls"]:  # each ratio is the report's fastest over the report's time of the pick forced
         ms = next(r for r in data["shapes"] if r["shape"] == c["shape"])["ms"]
         times = [v[c["pass"]]["sync"] for v in ms.values() if c["pass"] in v]
         assert c["sync"] == round(min(times) / ms[f"attnkit:{c['pick']}"][c["pass"]]["sync"], 3)
-    assert rep["summary"]["fwd_sync"]["shapes"] == 11 and rep["summary"]["fwdbwd_b2b"]["shapes"] == 7
+    assert rep["summary"]["fwd_sync"]["shapes"] == 14 and rep["summary"]["fwdbwd_b2b"]["shapes"] == 10
 
 
 def test_rescore_says_where_the_runtime_now_picks_otherwise(monkeypatch):

@@ -44,7 +44,7 @@
 #               $R/selection/sm90.json;
 #             sdpahost: attnkit's host time on torch's kernels in training against the plain call
 #               (tools/probe-sdpa-train-host.py, SDPAHOST_S s);
-#             tune: the plan's JIT kernels (FA4, flex) and the held-out shapes' compiled by SHARDS CPU shards
+#             tune: (TUNE_MATCH=REGEX: only the plan's cases whose label it finds, `tune --match`) the plan's JIT kernels (FA4, flex) and the held-out shapes' compiled by SHARDS CPU shards
 #               (TUNE_COMPILE s), the timed sweep alone on the GPU over what they compiled (TUNE_BUDGET s;
 #               ONLY_COMPILED=0 times the rest too), merged into sm90.json + PNG; --validate against that table
 #               (VALIDATE_S s; it writes each shape as it lands).
@@ -247,20 +247,21 @@ sdpahost() {
 }
 
 tune() {
-  local i
+  local i match=()
+  [ -n "${TUNE_MATCH:-}" ] && match=(--match "$TUNE_MATCH")   # the plan's cases whose label it finds, e.g. '\|-\|short\|'
   if on "$TUNE_BUDGET" tune && on "$TUNE_COMPILE" "tune (its compile phase)"; then
   phase "tune compile"
   mkdir -p "$R/tune"
   pids=()
   for i in $(seq 1 "$SHARDS"); do
     TORCHINDUCTOR_COMPILE_THREADS=1 timeout -k 15 "$TUNE_COMPILE" $ak tune --compile-only --shard "$i/$SHARDS" \
-      --out "$R/tune.jsonl" --resume > "$R/tune/compile-$i.log" 2>&1 < /dev/null &   # skips what TUNE_FROM has
+      --out "$R/tune.jsonl" --resume "${match[@]}" > "$R/tune/compile-$i.log" 2>&1 < /dev/null &   # skips what TUNE_FROM has
     pids+=($!)
   done
   wait "${pids[@]}"
   phase "tune timed"
   # ONLY_COMPILED=1: the timed run measures what the compile phase finished (no JIT compile in its budget)
-  $ak tune --out "$R/tune.jsonl" --resume --budget "$TUNE_BUDGET" $([ "${ONLY_COMPILED:-1}" = 1 ] && echo --only-compiled) \
+  $ak tune --out "$R/tune.jsonl" --resume "${match[@]}" --budget "$TUNE_BUDGET" $([ "${ONLY_COMPILED:-1}" = 1 ] && echo --only-compiled) \
     > "$R/tune/tune.log" 2>&1
   phase "tune rc=$? ($(grep -c '"shape"' "$R/tune.jsonl" 2>/dev/null) cases)"
   fi

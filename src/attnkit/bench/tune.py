@@ -250,6 +250,12 @@ def plan(grid: dict[str, tuple[Any, ...]] | None = None, points: int | None = No
     return list(first.values())
 
 
+def matching(cases: list[Shape], match: str | None) -> list[Shape]:
+    """The plan's cases whose label `match` finds (re.search), in plan order: one stage or cell measured ahead of
+    the plan's order (`--match '\\|short\\|'`: the short packed cells) without a plan of its own."""
+    return cases if match is None else [s for s in cases if re.search(match, s.label)]
+
+
 def refine(results: list[dict[str, Any]], grid: dict[str, tuple[Any, ...]] | None = None) -> list[Shape]:
     """Midpoints where a cell's winner changes between two measured points of one head dim (in log2 work)."""
     by_cell: dict[tuple[Any, ...], list[tuple[float, str, dict[str, Any]]]] = {}
@@ -463,11 +469,13 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
 
 def run(out: Path, shard: tuple[int, int] = (1, 1), budget_s: float = 1500.0, quick: bool = False,
         refine_from: list[Path] | None = None, max_cases: int | None = None, say: Any = print,
-        only_compiled: bool = False, refresh: list[Path] | None = None, refresh_kind: str = "fwd") -> dict[str, Any]:
+        only_compiled: bool = False, refresh: list[Path] | None = None, refresh_kind: str = "fwd",
+        match: str | None = None) -> dict[str, Any]:
     """Measure this shard's cases not yet in `out` (JSON lines: a header line, then one line per case).
     `refresh`: instead of the plan, those files' cases that `refresh_cases` picks for `refresh_kind`.
     `only_compiled`: just the cases the compile phase finished (compiled_path), so no JIT compile lands in the
-    timed budget; the rest wait for a later session's compile phase (--resume)."""
+    timed budget; the rest wait for a later session's compile phase (--resume). `match`: the plan's cases whose
+    label it finds (`matching`)."""
     from attnkit.bench.timer import warm_gpu
     device = measuring_device("tune")
     grid = QUICK if (quick or device == "cpu") else FEATURES
@@ -477,7 +485,7 @@ def run(out: Path, shard: tuple[int, int] = (1, 1), budget_s: float = 1500.0, qu
         prior = [r for f in refine_from for r in _read_lines(f) if "shape" in r]
         cases = _parsed("--refine", refine_from, lambda: refine(prior, grid))
     else:
-        cases = plan(grid)
+        cases = matching(plan(grid), match)
     i, n = shard
     mine = cases[i - 1::n]
     done_lines = _read_lines(out)
@@ -557,7 +565,8 @@ def compiled_labels(out: Path) -> set[str]:
 
 def compile_only(shard: tuple[int, int] = (1, 1), quick: bool = False, max_cases: int | None = None,
                  say: Any = print, skip_done: Path | None = None,
-                 refresh: list[Path] | None = None, refresh_kind: str = "fwd") -> dict[str, Any]:
+                 refresh: list[Path] | None = None, refresh_kind: str = "fwd",
+                 match: str | None = None) -> dict[str, Any]:
     """Run the held-out shapes, then every case of this shard's plan, once per pass and backend that compiles
     (`Backend.compiles`), untimed: the JIT compiles (FlashAttention-4, flex) land in their disk caches. JIT compiling is CPU work: shards of this run side by side on one GPU machine
     while the timed run, which must have the GPU alone, comes after and finds every kernel compiled.
@@ -576,7 +585,7 @@ def compile_only(shard: tuple[int, int] = (1, 1), quick: bool = False, max_cases
     # 2026-12-01 it ran 5 of 11 shapes in 150 s, compiling), then the plan's cases not yet measured
     held_out = [] if refresh else validation_shapes(grid is QUICK)
     todo = (_parsed(f"--refresh-{refresh_kind}", refresh, lambda: refresh_cases(refresh, refresh_kind)) if refresh
-            else plan(grid))
+            else matching(plan(grid), match))
     cases = [*held_out, *(s for s in todo if s.label not in done)][i - 1::n][:max_cases]
     failed, left = 0, 0
     deferred: list[Shape] = []

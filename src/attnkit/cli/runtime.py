@@ -79,6 +79,18 @@ def _cmd_tune(a: argparse.Namespace) -> int:
 
     if a.hide_cell and not a.cross_check:
         raise UsageError("--hide-cell: only with --cross-check (it changes what the leave-one-out hides)")
+    if a.match is not None:
+        other = other_mode("--merge", "--validate", "--cross-check", "--rescore", "--refine", "--refresh-fwd",
+                           "--refresh-train", "--refresh-varlen")
+        if other is not None:
+            raise UsageError(f"--match: not with {other} (it picks among the plan's cases)")
+        try:
+            re.compile(a.match)
+        except re.error as exc:
+            raise UsageError(f"--match: {a.match!r} is not a regular expression ({exc})") from None
+        if not tune.matching(tune.plan(tune.QUICK if a.quick else tune.FEATURES), a.match):
+            raise UsageError(f"--match: {a.match!r} finds no planned case (labels look like "
+                             "'bfloat16|True|gqa4|equal|-|short|D64|w27|train'; see --plan)")
     if a.only_compiled:  # it chooses which of the timed run's cases run: meaningless elsewhere, and said so
         other = other_mode("--merge", "--validate", "--plan", "--cross-check", "--compile-only", "--refine",
                            "--rescore")
@@ -165,7 +177,7 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         print(json.dumps(rep["summary"], indent=1))
         return 0
     if a.plan:
-        cases = tune.plan(tune.QUICK if a.quick else tune.FEATURES)
+        cases = tune.matching(tune.plan(tune.QUICK if a.quick else tune.FEATURES), a.match)
         mine = cases[a.shard[0] - 1::a.shard[1]] if a.shard else cases
         for s in mine:
             print(s.label)
@@ -186,7 +198,8 @@ def _cmd_tune(a: argparse.Namespace) -> int:
     if a.compile_only:
         skip = Path(a.out) if a.out and a.resume else None  # --out --resume: the cases the timed run still has
         print(json.dumps(tune.compile_only(shard=a.shard or (1, 1), quick=a.quick, max_cases=a.max_cases,
-                                           skip_done=skip, refresh=refresh, refresh_kind=kind)))
+                                           skip_done=skip, refresh=refresh, refresh_kind=kind,
+                                           match=a.match)))
         return 0
     if not a.out:
         raise UsageError("--out: required (the JSON-lines file this shard's results are appended to)")
@@ -198,7 +211,7 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         raise UsageError(f"--out: {out} exists; pass --resume to continue it, or choose a new file")
     res = tune.run(out, shard=a.shard or (1, 1), budget_s=a.budget, quick=a.quick,
                    refine_from=[Path(f) for f in a.refine] if a.refine else None, max_cases=a.max_cases,
-                   only_compiled=a.only_compiled, refresh=refresh, refresh_kind=kind)
+                   only_compiled=a.only_compiled, refresh=refresh, refresh_kind=kind, match=a.match)
     print(json.dumps(res))
     return 0
 
@@ -282,6 +295,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     tu.add_argument("--refresh-varlen", nargs="+", metavar="FILE", help="time again every pass of these results' "
                     "packed cases that torch_varlen ran (its route changed); --merge lets them replace the old ones")
     tu.add_argument("--plan", action="store_true", help="print the planned cases (of --shard) and their count")
+    tu.add_argument("--match", metavar="REGEX", help="only the plan's cases whose label REGEX finds (re.search; "
+                    "e.g. '\\|short\\|' for the short packed cells; see --plan)")
     tu.add_argument("--compile-only", action="store_true", help="run each case once, untimed, so JIT kernels are "
                                                                "compiled into their disk caches (shards side by side)")
     tu.add_argument("--only-compiled", action="store_true", help="time only the cases --compile-only finished for "

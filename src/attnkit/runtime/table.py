@@ -59,6 +59,8 @@ again on FA4's replayed training path) it scores 0.944 / 0.935, tied best with f
 is worse (docs/results/2026-12-03-h200-tune-cross-check-624-cases.json). With torch_varlen's packed cases timed
 again on its direct route (15 cases, on an H100 of the same stack, 2026-12-06) the shipped rule scores 0.959 / 0.949,
 still the best of the 21 variants (docs/results/2026-12-06-dev-tune-cross-check-624-cases-varlen-refresh.json).
+On the 679 cases shipped since (the short packed cells measured, the crossover training cases at their newest
+timing) it scores 0.959 / 0.949, tied for the best (docs/results/2026-12-06-dev-tune-cross-check-679-cases-session16.json).
 """
 
 from __future__ import annotations
