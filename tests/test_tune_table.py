@@ -788,6 +788,26 @@ def test_match_keeps_the_plans_order_and_only_the_cases_it_finds(tmp_path):
     assert r.returncode == 0 and listed == [s.label for s in short if "|D64|" in s.label]
 
 
+def test_plan_with_out_lists_only_what_that_file_has_not_measured(tmp_path):
+    joined = tmp_path / "sweep.jsonl"
+    joined.write_text("".join(f.read_text() for f in PACKAGED_FROM))
+    wide = [s.label for s in tune.matching(tune.plan(), r"\|wide$")]
+    r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", "--plan", "--match", r"\|wide$", "--out",
+                        str(joined)], capture_output=True, text=True)
+    listed = r.stdout.split()
+    recorded = {json.loads(x)["shape"]["label"] for x in joined.read_text().splitlines() if '"shape"' in x}
+    assert r.returncode == 0 and listed and set(listed) < set(wide)
+    assert [x for x in wide if x in listed] == listed  # in plan order
+    assert all(x in recorded for x in wide if x not in listed)  # what is left out was measured there
+    assert f"{len(listed)} cases ({len(wide) - len(listed)} more measured in {joined})" in r.stderr
+    for bad, msg in ((tmp_path / "none.jsonl", "no such file"), (tmp_path / "text.jsonl", "no header line")):
+        if bad.name == "text.jsonl":
+            bad.write_text("not a sweep\n")
+        r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", "--plan", "--out", str(bad)],
+                           capture_output=True, text=True)
+        assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1 and not r.stdout
+
+
 @pytest.mark.parametrize(("args", "msg"), [
     (["--plan", "--match", "("], "--match: '(' is not a regular expression"),
     (["--plan", "--match", "nothing-like-a-label"], "--match: 'nothing-like-a-label' finds no planned case"),

@@ -913,6 +913,18 @@ def done_labels(lines: list[dict[str, Any]]) -> set[str]:
             if set(r.get("cell", {})) >= ({"fwd", "fwdbwd"} if r["shape"].get("train") else {"fwd"})}
 
 
+def measured(files: list[Path], flag: str = "--out") -> set[str]:
+    """The cases these result files have measured already (`done_labels` over them all): what a resumed run skips,
+    and what `--plan --out` leaves out of the listing."""
+    lines = []
+    for f in files:
+        got = _read_lines(f)
+        if f.stat().st_size and not any(r.get("header") for r in got):
+            raise UsageError(f"{flag}: {f} is not an `attnkit tune` results file (no header line)")
+        lines += got
+    return _parsed(flag, files, lambda: done_labels(lines))
+
+
 def cold_pruned(r: dict[str, Any], ps: str) -> bool:
     """A forward pass recorded before bench_shape warmed JIT backends twice ("jit_warmed"), where FA4 was pruned:
     it was judged on its replay's record and check calls (fa4_replay), not on its speed (2026-12-03: 45 of the 454

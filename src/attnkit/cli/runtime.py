@@ -179,9 +179,15 @@ def _cmd_tune(a: argparse.Namespace) -> int:
     if a.plan:
         cases = tune.matching(tune.plan(tune.QUICK if a.quick else tune.FEATURES), a.match)
         mine = cases[a.shard[0] - 1::a.shard[1]] if a.shard else cases
-        for s in mine:
+        if a.out and not Path(a.out).is_file():
+            raise UsageError(f"--out: {a.out}: no such file (with --plan, the `attnkit tune --out` file whose "
+                             "measured cases are left out of the listing)")
+        done = tune.measured([Path(a.out)]) if a.out else set()
+        left = [s for s in mine if s.label not in done]
+        for s in left:
             print(s.label)
-        print(f"{len(mine)} cases", file=sys.stderr)
+        print(f"{len(left)} cases" + (f" ({len(mine) - len(left)} more measured in {a.out})" if a.out else ""),
+              file=sys.stderr)
         return 0
     given = [(f, files, k) for f, files, k in (("--refresh-fwd", a.refresh_fwd, "fwd"),
                                                 ("--refresh-train", a.refresh_train, "train"),
@@ -294,7 +300,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                     "changed); --merge lets them replace the old ones")
     tu.add_argument("--refresh-varlen", nargs="+", metavar="FILE", help="time again every pass of these results' "
                     "packed cases that torch_varlen ran (its route changed); --merge lets them replace the old ones")
-    tu.add_argument("--plan", action="store_true", help="print the planned cases (of --shard) and their count")
+    tu.add_argument("--plan", action="store_true", help="print the planned cases (of --shard) and their count; with "
+                    "--out FILE, those FILE has not measured yet")
     tu.add_argument("--match", metavar="REGEX", help="only the plan's cases whose label REGEX finds (re.search; "
                     "e.g. '\\|short\\|' for the short packed cells; see --plan)")
     tu.add_argument("--compile-only", action="store_true", help="run each case once, untimed, so JIT kernels are "
