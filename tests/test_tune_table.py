@@ -788,6 +788,23 @@ def test_match_keeps_the_plans_order_and_only_the_cases_it_finds(tmp_path):
     assert r.returncode == 0 and listed == [s.label for s in short if "|D64|" in s.label]
 
 
+def test_match_narrows_the_timed_run_and_the_compile_phase_alike(monkeypatch, tmp_path):
+    """What --compile-only compiles under a --match is what the timed run with that --match measures, so
+    --only-compiled finds it; the results file's header records the --match."""
+    out = tmp_path / "t.jsonl"
+    compiled: list[str] = []
+    monkeypatch.setattr(tune, "_compile_case", lambda s, device, every_candidate=False: compiled.append(s.label) or 0)
+    tune.compile_only(quick=True, match="w18", skip_done=out, say=lambda *_: None)
+    held_out = {s.label for s in tune.validation_shapes(quick=True)}
+    listed = tune.compiled_path(out).read_text().split()
+    wanted = [s.label for s in tune.plan(tune.QUICK) if "w18" in s.label]
+    assert listed == wanted and set(compiled) == held_out | set(wanted) and len(wanted) < len(tune.plan(tune.QUICK))
+    r = tune.run(out, quick=True, match="w18", only_compiled=True, max_cases=2, say=lambda *_: None)
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert r["ran"] == 2 and lines[0]["match"] == "w18" and lines[0]["planned"] == len(wanted)
+    assert [x["shape"]["label"] for x in lines[1:]] == wanted[:2]
+
+
 def test_plan_with_out_lists_only_what_that_file_has_not_measured(tmp_path):
     joined = tmp_path / "sweep.jsonl"
     joined.write_text("".join(f.read_text() for f in PACKAGED_FROM))
@@ -813,13 +830,17 @@ def test_plan_with_out_lists_only_what_that_file_has_not_measured(tmp_path):
     (["--plan", "--match", "nothing-like-a-label"], "--match: 'nothing-like-a-label' finds no planned case"),
     (["--merge", "{out}", "--table", "{out}.json", "--match", "x"], "--match: not with --merge"),
     (["--validate", "--match", "x"], "--match: not with --validate"),
+    (["--plan", "--match", "a{4294967296}"], "is not a regular expression (the repetition number is too large)"),
+    (["--plan", "--match", "(" * 3000 + ")" * 3000], "is not a regular expression (maximum recursion depth"),
+    # no GPU here: the timed run measures the quick grid, where the packed cells are not
+    (["--out", "{out}", "--match", r"\|short\|"], "--match: '\\\\|short\\\\|' finds no case of the quick grid"),
+    (["--plan", "--out", "{dir}"], "is not a regular file"),
 ])
 def test_match_that_cannot_pick_is_one_line(tmp_path, args, msg):
     out = str(tmp_path / "t.jsonl")
-    r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", *(a.format(out=out) for a in args)],
-                       capture_output=True, text=True)
-    assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    assert not Path(out + ".json").exists()
+    argv = [a.replace("{out}", out).replace("{dir}", str(tmp_path)) for a in args]  # no str.format: "a{4294967296}"
+    r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", *argv], capture_output=True, text=True)
+    assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1 and not r.stdout
 
 
 def test_half_precision_cells_alternate_between_the_two_dtypes_and_every_one_is_reachable():

@@ -44,7 +44,8 @@
 #               $R/selection/sm90.json;
 #             sdpahost: attnkit's host time on torch's kernels in training against the plain call
 #               (tools/probe-sdpa-train-host.py, SDPAHOST_S s);
-#             tune: (TUNE_MATCH=REGEX: only the plan's cases whose label it finds, `tune --match`) the plan's JIT kernels (FA4, flex) and the held-out shapes' compiled by SHARDS CPU shards
+#             tune: (TUNE_MATCH=REGEX: only the plan's cases whose label it finds, `tune --match`, timed and
+#               compiled; the held-out shapes are compiled all the same, for validate) the plan's JIT kernels (FA4, flex) and the held-out shapes' compiled by SHARDS CPU shards
 #               (TUNE_COMPILE s), the timed sweep alone on the GPU over what they compiled (TUNE_BUDGET s;
 #               ONLY_COMPILED=0 times the rest too), merged into sm90.json + PNG; --validate against that table
 #               (VALIDATE_S s; it writes each shape as it lands).

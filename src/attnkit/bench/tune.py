@@ -256,6 +256,17 @@ def matching(cases: list[Shape], match: str | None) -> list[Shape]:
     return cases if match is None else [s for s in cases if re.search(match, s.label)]
 
 
+def planned(grid: dict[str, tuple[Any, ...]], match: str | None) -> list[Shape]:
+    """The plan of the grid this run measures, narrowed by --match; a --match that finds none of it is refused
+    here, where the grid is known (a machine without a GPU runs the quick grid, whatever the command line says)."""
+    cases = matching(plan(grid), match)
+    if match is not None and not cases:
+        which = "quick grid (--quick, or a machine without a GPU)" if grid is QUICK else "full grid"
+        raise UsageError(f"--match: {match!r} finds no case of the {which}; see `attnkit tune --plan"
+                         f"{' --quick' if grid is QUICK else ''} --match ...`")
+    return cases
+
+
 def refine(results: list[dict[str, Any]], grid: dict[str, tuple[Any, ...]] | None = None) -> list[Shape]:
     """Midpoints where a cell's winner changes between two measured points of one head dim (in log2 work)."""
     by_cell: dict[tuple[Any, ...], list[tuple[float, str, dict[str, Any]]]] = {}
@@ -485,7 +496,7 @@ def run(out: Path, shard: tuple[int, int] = (1, 1), budget_s: float = 1500.0, qu
         prior = [r for f in refine_from for r in _read_lines(f) if "shape" in r]
         cases = _parsed("--refine", refine_from, lambda: refine(prior, grid))
     else:
-        cases = matching(plan(grid), match)
+        cases = planned(grid, match)
     i, n = shard
     mine = cases[i - 1::n]
     done_lines = _read_lines(out)
@@ -496,6 +507,7 @@ def run(out: Path, shard: tuple[int, int] = (1, 1), budget_s: float = 1500.0, qu
     header = {"header": True, "schema": SCHEMA, "environment": environment(), "device": device,
               "grid": {k: list(v) for k, v in grid.items()}, "shard": f"{i}/{n}", "planned": len(mine),
               "refine": [str(f) for f in refine_from or []], "refresh": [str(f) for f in refresh or []],
+              **({"match": match} if match is not None else {}),
               **({"refresh_kind": refresh_kind} if refresh else {})}
     if not done_lines:
         write_atomic(out, json.dumps(header, default=str) + "\n")
@@ -585,7 +597,7 @@ def compile_only(shard: tuple[int, int] = (1, 1), quick: bool = False, max_cases
     # 2026-12-01 it ran 5 of 11 shapes in 150 s, compiling), then the plan's cases not yet measured
     held_out = [] if refresh else validation_shapes(grid is QUICK)
     todo = (_parsed(f"--refresh-{refresh_kind}", refresh, lambda: refresh_cases(refresh, refresh_kind)) if refresh
-            else matching(plan(grid), match))
+            else planned(grid, match))
     cases = [*held_out, *(s for s in todo if s.label not in done)][i - 1::n][:max_cases]
     failed, left = 0, 0
     deferred: list[Shape] = []

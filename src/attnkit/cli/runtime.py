@@ -10,7 +10,7 @@ from pathlib import Path
 
 from attnkit._io import check_writable, write_atomic
 from attnkit.cli._args import _positive_int, _seconds_arg, _shard_arg
-from attnkit.errors import UsageError
+from attnkit.errors import UsageError, first_line
 
 
 def _cmd_doctor(a: argparse.Namespace) -> int:
@@ -86,11 +86,11 @@ def _cmd_tune(a: argparse.Namespace) -> int:
             raise UsageError(f"--match: not with {other} (it picks among the plan's cases)")
         try:
             re.compile(a.match)
-        except re.error as exc:
-            raise UsageError(f"--match: {a.match!r} is not a regular expression ({exc})") from None
-        if not tune.matching(tune.plan(tune.QUICK if a.quick else tune.FEATURES), a.match):
+        except (re.error, OverflowError, RecursionError) as exc:
+            raise UsageError(f"--match: {a.match[:80]!r} is not a regular expression ({first_line(exc, 80)})") from None
+        if a.plan and not tune.matching(tune.plan(tune.QUICK if a.quick else tune.FEATURES), a.match):
             raise UsageError(f"--match: {a.match!r} finds no planned case (labels look like "
-                             "'bfloat16|True|gqa4|equal|-|short|D64|w27|train'; see --plan)")
+                             "'bfloat16|True|gqa4|equal|-|short|D64|w27|train')")
     if a.only_compiled:  # it chooses which of the timed run's cases run: meaningless elsewhere, and said so
         other = other_mode("--merge", "--validate", "--plan", "--cross-check", "--compile-only", "--refine",
                            "--rescore")
@@ -180,7 +180,8 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         cases = tune.matching(tune.plan(tune.QUICK if a.quick else tune.FEATURES), a.match)
         mine = cases[a.shard[0] - 1::a.shard[1]] if a.shard else cases
         if a.out and not Path(a.out).is_file():
-            raise UsageError(f"--out: {a.out}: no such file (with --plan, the `attnkit tune --out` file whose "
+            what = "is not a regular file" if Path(a.out).exists() else "no such file"
+            raise UsageError(f"--out: {a.out}: {what} (with --plan, the `attnkit tune --out` file whose "
                              "measured cases are left out of the listing)")
         done = tune.measured([Path(a.out)]) if a.out else set()
         left = [s for s in mine if s.label not in done]
