@@ -207,45 +207,31 @@ refresh() {
   phase "refresh merged rc=$?"
 }
 
-replay() {
-  # FlashAttention-4's forward replay (runtime/backends/fa4_replay.py): bitwise against FA4's own call on a grid of
-  # forward calls, and timed against FA4 direct and the plain SDPA call (tools/probe-fa4-replay.py)
-  if on "$REPLAY_S" "fa4 replay probe"; then
-  phase "fa4 replay probe"
-  timeout -k 15 "$REPLAY_S" python3 tools/probe-fa4-replay.py "$R/fa4-replay.json" > "$R/fa4-replay.log" 2>&1
-  phase "fa4 replay probe rc=$? ($(grep -c '^exact' "$R/fa4-replay.log") exact, $(grep -c '^timed' "$R/fa4-replay.log") timed)"
-  fi
+probe() {
+  # one tools/probe-*.py under its time limit: BUDGET NAME SCRIPT REPORT [WORD...]; each WORD's count of log lines
+  # starting with it goes into the phase line
+  local budget=$1 name=$2 script=$3 report=$4 w counts=""
+  shift 4
+  on "$budget" "$name" || return 0
+  phase "$name"
+  timeout -k 15 "$budget" python3 "tools/$script" "$R/$report.json" > "$R/$report.log" 2>&1
+  local rc=$?
+  for w in "$@"; do counts="$counts${counts:+, }$(grep -c "^$w" "$R/$report.log") $w"; done
+  phase "$name rc=$rc${counts:+ ($counts)}"
 }
 
-train() {
-  # FlashAttention-4's training path with forward and backward replayed (fa4_ops.eager_function): forward bitwise and
-  # gradients within rounding of FA4's own call on a grid, and fwd+bwd timed (tools/probe-fa4-train.py, TRAIN_S s)
-  if on "$TRAIN_S" "fa4 training replay probe"; then
-  phase "fa4 training replay probe"
-  timeout -k 15 "$TRAIN_S" python3 tools/probe-fa4-train.py "$R/fa4-train.json" > "$R/fa4-train.log" 2>&1
-  phase "fa4 training replay probe rc=$? ($(grep -c '^close' "$R/fa4-train.log") close, $(grep -c '^timed' "$R/fa4-train.log") timed)"
-  fi
-}
-
-varlen() {
-  # a packed call's routes against the plain padded call, with each step's kernel count (tools/probe-varlen-padded.py,
-  # VARLEN_S s): where the padded route's ~500 us over the plain call went on 2026-12-04
-  if on "$VARLEN_S" "varlen routes probe"; then
-  phase "varlen routes probe"
-  timeout -k 15 "$VARLEN_S" python3 tools/probe-varlen-padded.py "$R/varlen-padded.json" > "$R/varlen-padded.log" 2>&1
-  phase "varlen routes probe rc=$?"
-  fi
-}
-
-sdpahost() {
-  # attnkit's host time on torch's own kernels in training against the plain SDPA call, interleaved
-  # (tools/probe-sdpa-train-host.py, SDPAHOST_S s): the H200 validate's GPT-2 fp16 row (12-15% behind the plain call)
-  if on "$SDPAHOST_S" "sdpa training host probe"; then
-  phase "sdpa training host probe"
-  timeout -k 15 "$SDPAHOST_S" python3 tools/probe-sdpa-train-host.py "$R/sdpa-train-host.json" > "$R/sdpa-train-host.log" 2>&1
-  phase "sdpa training host probe rc=$?"
-  fi
-}
+# FlashAttention-4's forward replay (runtime/backends/fa4_replay.py): bitwise against FA4's own call on a grid of
+# forward calls, and timed against FA4 direct and the plain SDPA call
+replay() { probe "$REPLAY_S" "fa4 replay probe" probe-fa4-replay.py fa4-replay exact timed; }
+# FlashAttention-4's training path with forward and backward replayed (fa4_ops.eager_function): forward bitwise and
+# gradients within rounding of FA4's own call on a grid, and fwd+bwd timed
+train() { probe "$TRAIN_S" "fa4 training replay probe" probe-fa4-train.py fa4-train close timed; }
+# a packed call's routes against the plain padded call, with each step's kernel count: where the padded route's
+# ~500 us over the plain call went on 2026-12-04
+varlen() { probe "$VARLEN_S" "varlen routes probe" probe-varlen-padded.py varlen-padded; }
+# attnkit's host time on torch's own kernels in training against the plain SDPA call, interleaved: the H200
+# validate's GPT-2 fp16 row (12-15% behind the plain call)
+sdpahost() { probe "$SDPAHOST_S" "sdpa training host probe" probe-sdpa-train-host.py sdpa-train-host; }
 
 tune() {
   local i match=()

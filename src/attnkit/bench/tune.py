@@ -499,10 +499,7 @@ def run(out: Path, shard: tuple[int, int] = (1, 1), budget_s: float = 1500.0, qu
         cases = planned(grid, match)
     i, n = shard
     mine = cases[i - 1::n]
-    done_lines = _read_lines(out)
-    if out.exists() and out.stat().st_size and not any(r.get("header") for r in done_lines):
-        # --resume of a file that is not a sweep's (a table, a report, text): it would be replaced by a header
-        raise UsageError(f"--out: {out} is not an `attnkit tune` results file (no header line); choose a new file")
+    done_lines = _sweep_lines(out, "--out", "; choose a new file")  # else a header would replace it
     done = _parsed("--out", [out], lambda: done_labels(done_lines))
     header = {"header": True, "schema": SCHEMA, "environment": environment(), "device": device,
               "grid": {k: list(v) for k, v in grid.items()}, "shard": f"{i}/{n}", "planned": len(mine),
@@ -925,15 +922,18 @@ def done_labels(lines: list[dict[str, Any]]) -> set[str]:
             if set(r.get("cell", {})) >= ({"fwd", "fwdbwd"} if r["shape"].get("train") else {"fwd"})}
 
 
+def _sweep_lines(path: Path, flag: str, hint: str = "") -> list[dict[str, Any]]:
+    """`path`'s lines, refused in one line when it has text but no header (a table, a report, not a sweep's)."""
+    lines = _read_lines(path)
+    if path.exists() and path.stat().st_size and not any(r.get("header") for r in lines):
+        raise UsageError(f"{flag}: {path} is not an `attnkit tune` results file (no header line){hint}")
+    return lines
+
+
 def measured(files: list[Path], flag: str = "--out") -> set[str]:
     """The cases these result files have measured already (`done_labels` over them all): what a resumed run skips,
     and what `--plan --out` leaves out of the listing."""
-    lines = []
-    for f in files:
-        got = _read_lines(f)
-        if f.stat().st_size and not any(r.get("header") for r in got):
-            raise UsageError(f"{flag}: {f} is not an `attnkit tune` results file (no header line)")
-        lines += got
+    lines = [r for f in files for r in _sweep_lines(f, flag)]
     return _parsed(flag, files, lambda: done_labels(lines))
 
 
