@@ -10,11 +10,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from attnkit.runtime.backends._sdpa import cudnn_backward_possible, grad_like_output  # noqa: E402
+from attnkit.runtime.backends._sdpa import (  # noqa: E402
+    cudnn_backward_possible,
+    grad_like_output,
+    transposed_like_output,
+)
 from attnkit.runtime.call import Inputs  # noqa: E402
 from attnkit.runtime.smoke import _other_layout  # noqa: E402
 
 SEEN: list[tuple[int, ...]] = []
+POINTERS: list[int] = []
 
 
 class _Kernel(torch.autograd.Function):
@@ -27,11 +32,14 @@ class _Kernel(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: Any) -> Any:
         SEEN.append(tuple(g.stride()))
+        POINTERS.append(g.data_ptr())
         return g
 
 
-def _out() -> tuple[Any, Any]:
-    x = torch.randn(2, 5, 3, 4).transpose(1, 2).requires_grad_(True)  # (B, H, S, D) view of (B, S, H, D)
+def _out(bshd: bool = True) -> tuple[Any, Any]:
+    """(B, H, S, D) view of a (B, S, H, D) buffer (attnkit's layout), or a contiguous (B, H, S, D) one."""
+    x = torch.randn(2, 5, 3, 4).transpose(1, 2) if bshd else torch.randn(2, 3, 5, 4)
+    x.requires_grad_(True)
     return x, _Kernel.apply(x)
 
 
@@ -49,14 +57,67 @@ def test_the_kernel_sees_a_gradient_laid_out_like_its_output() -> None:
 
 
 def test_a_gradient_already_laid_out_like_the_output_is_not_copied() -> None:
-    x, out = _out()
-    g = torch.empty_like(out).copy_(torch.randn(out.shape))
-    seen = []
+    for bshd in (True, False):
+        x, out = _out(bshd)
+        g = torch.empty_like(out).copy_(torch.randn(out.shape))
+        guarded = grad_like_output(out)
+        SEEN.clear()
+        POINTERS.clear()
+        torch.autograd.grad(guarded, x, g)
+        assert SEEN[-1] == tuple(out.stride())
+        assert POINTERS[-1] == g.data_ptr()  # the very tensor: no copy
+
+
+def _grads(out: Any) -> dict[str, Any]:
+    """Output gradients in the layouts a backward hands over: like the output, contiguous, another transpose, a
+    slice of a wider buffer, a gradient expanded from a scalar (`out.sum().backward()`)."""
+    shape = out.shape
+    return {"like": torch.empty_like(out).copy_(torch.randn(shape)),
+            "contiguous": torch.randn(shape),
+            "BSDH": torch.randn(shape[0], shape[2], shape[3], shape[1]).permute(0, 3, 1, 2),
+            "slice": torch.randn(*shape[:-1], 2 * shape[-1])[..., : shape[-1]],
+            "expanded": torch.ones(()).expand(shape)}
+
+
+@pytest.mark.parametrize("bshd", [True, False])
+def test_the_relayout_holds_for_every_gradient_layout_and_runs_no_python(bshd: bool) -> None:
+    """The kernel gets dO laid out like its output, or, for an expanded dO, one whose innermost stride is not 1
+    (torch's cuDNN backward relays those itself: run_cudnn_SDP_bprop); the values are the gradient's; the forward
+    copies nothing and registers no hook (a Python callback in the backward is what the views replace)."""
+    for name, g in _grads(_out(bshd)[1]).items():
+        x, out = _out(bshd)
+        guarded = grad_like_output(out)
+        assert guarded.stride() == out.stride() and guarded.data_ptr() == out.data_ptr()
+        assert guarded._backward_hooks is None and out._backward_hooks is None
+        SEEN.clear()
+        (gx,) = torch.autograd.grad(guarded, x, g)
+        assert torch.equal(gx, g), name
+        if name == "expanded":
+            assert SEEN[-1][-1] != 1, SEEN
+        else:
+            assert SEEN[-1] == tuple(out.stride()), (name, SEEN)
+
+
+def test_the_transposed_form_returns_what_attention_returns() -> None:
+    for name, g in _grads(_out()[1].transpose(1, 2)).items():
+        x, out = _out()
+        guarded = transposed_like_output(out)
+        assert guarded.shape == out.transpose(1, 2).shape and guarded.is_contiguous()
+        SEEN.clear()
+        (gx,) = torch.autograd.grad(guarded, x, g)
+        assert torch.equal(gx, g.transpose(1, 2)), name
+        assert SEEN[-1] == tuple(out.stride()) or (name == "expanded" and SEEN[-1][-1] != 1), (name, SEEN)
+
+
+def test_an_output_dense_in_neither_order_gets_the_hook() -> None:
+    x = torch.randn(2, 4, 5, 3).permute(0, 3, 2, 1).requires_grad_(True)  # (B, H, S, D) from (B, D, S, H)
+    out = _Kernel.apply(x)
     guarded = grad_like_output(out)
-    guarded.register_hook(lambda t: seen.append(t.data_ptr()))
+    assert guarded._backward_hooks  # the fallback: a tensor hook
     SEEN.clear()
-    torch.autograd.grad(guarded, x, g)
-    assert SEEN[-1] == tuple(out.stride())
+    g = torch.randn(out.shape)
+    (gx,) = torch.autograd.grad(guarded, x, g)
+    assert SEEN[-1] == tuple(out.stride()) and torch.equal(gx, g)
 
 
 def test_which_calls_get_the_fix() -> None:
