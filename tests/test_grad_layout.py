@@ -10,11 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from attnkit.runtime.backends._sdpa import (  # noqa: E402
-    cudnn_backward_possible,
-    grad_like_output,
-    transposed_like_output,
-)
+from attnkit.runtime.backends._sdpa import cudnn_backward_possible, grad_like_output  # noqa: E402
 from attnkit.runtime.call import Inputs  # noqa: E402
 from attnkit.runtime.smoke import _other_layout  # noqa: E402
 
@@ -80,44 +76,16 @@ def _grads(out: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("bshd", [True, False])
-def test_the_relayout_holds_for_every_gradient_layout_and_runs_no_python(bshd: bool) -> None:
-    """The kernel gets dO laid out like its output, or, for an expanded dO, one whose innermost stride is not 1
-    (torch's cuDNN backward relays those itself: run_cudnn_SDP_bprop); the values are the gradient's; the forward
-    copies nothing and registers no hook (a Python callback in the backward is what the views replace)."""
+def test_the_relayout_holds_for_every_gradient_layout(bshd: bool) -> None:
+    """Whatever the layout of dO (an expanded one included), the kernel gets it laid out like its output, with
+    the gradient's values."""
     for name, g in _grads(_out(bshd)[1]).items():
         x, out = _out(bshd)
         guarded = grad_like_output(out)
-        assert guarded.stride() == out.stride() and guarded.data_ptr() == out.data_ptr()
-        assert guarded._backward_hooks is None and out._backward_hooks is None
         SEEN.clear()
         (gx,) = torch.autograd.grad(guarded, x, g)
         assert torch.equal(gx, g), name
-        if name == "expanded":
-            assert SEEN[-1][-1] != 1, SEEN
-        else:
-            assert SEEN[-1] == tuple(out.stride()), (name, SEEN)
-
-
-def test_the_transposed_form_returns_what_attention_returns() -> None:
-    for name, g in _grads(_out()[1].transpose(1, 2)).items():
-        x, out = _out()
-        guarded = transposed_like_output(out)
-        assert guarded.shape == out.transpose(1, 2).shape and guarded.is_contiguous()
-        SEEN.clear()
-        (gx,) = torch.autograd.grad(guarded, x, g)
-        assert torch.equal(gx, g.transpose(1, 2)), name
-        assert SEEN[-1] == tuple(out.stride()) or (name == "expanded" and SEEN[-1][-1] != 1), (name, SEEN)
-
-
-def test_an_output_dense_in_neither_order_gets_the_hook() -> None:
-    x = torch.randn(2, 4, 5, 3).permute(0, 3, 2, 1).requires_grad_(True)  # (B, H, S, D) from (B, D, S, H)
-    out = _Kernel.apply(x)
-    guarded = grad_like_output(out)
-    assert guarded._backward_hooks  # the fallback: a tensor hook
-    SEEN.clear()
-    g = torch.randn(out.shape)
-    (gx,) = torch.autograd.grad(guarded, x, g)
-    assert SEEN[-1] == tuple(out.stride()) and torch.equal(gx, g)
+        assert SEEN[-1] == tuple(out.stride()), (name, SEEN)
 
 
 def test_which_calls_get_the_fix() -> None:

@@ -5,9 +5,7 @@ the plain F.scaled_dot_product_attention call with the same kernel, with a sync 
 S1500: 686 vs 633 us; back to back 538 vs 530). Candidates, interleaved in one run (bench/timer.py), per shape:
 - plain: F.scaled_dot_product_attention(q.transpose(1, 2), ..., is_causal=True[, enable_gqa=True]).transpose(1, 2)
 - attention: attnkit.attention(q, k, v, causal=True, backend=B) as it is (B: sdpa, sdpa_cudnn)
-- attention-hook: the same with the cuDNN output-gradient relayout done by a tensor hook, as until 2026-12-06
-  (_sdpa._hook_like_output), instead of the views it is done with now (_sdpa.grad_like_output)
-- attention-nohook: the same with that relayout left out
+- attention-nohook: the same with the cuDNN output-gradient relayout hook (_sdpa.grad_like_output) left out
 - bound: attnkit.bind(...) once, then the bound call
 Each timed forward-only and forward+backward, with a sync after each step and back to back.
 
@@ -35,19 +33,12 @@ SHAPES = [  # (label, batch, heads, kv_heads, seqlen, head_dim, dtype): the vali
     ("small H16 D64 S512", 4, 16, 16, 512, 64, torch.bfloat16),
 ]
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU: a dry run of the probe itself (no cuDNN, no hook)
-_MODE = {"now": "views"}  # how the relayout is done: "views" (attnkit's), "hook" (until 2026-12-06), "off"
-_REAL = (_sdpa.grad_like_output, _sdpa.transposed_like_output)
-_FORMS = {"views": _REAL,
-          "hook": (_sdpa._hook_like_output, lambda out: _sdpa._hook_like_output(out).transpose(1, 2)),
-          "off": (lambda out: out, lambda out: out.transpose(1, 2))}
+_HOOK = {"on": True}
+_real_hook = _sdpa.grad_like_output
 
 
-def _grad_like_output(out: Any) -> Any:
-    return _FORMS[_MODE["now"]][0](out)
-
-
-def _transposed_like_output(out: Any) -> Any:
-    return _FORMS[_MODE["now"]][1](out)
+def _switchable(out: Any) -> Any:
+    return _real_hook(out) if _HOOK["on"] else out
 
 
 def candidates(b: int, h: int, hk: int, s: int, d: int, dtype: Any) -> dict[str, Any]:
@@ -63,14 +54,13 @@ def candidates(b: int, h: int, hk: int, s: int, d: int, dtype: Any) -> dict[str,
     for be in ("sdpa", "sdpa_cudnn") if DEV == "cuda" else ("sdpa",):
         fns[f"attention {be}"] = lambda q, k, v, be=be: attnkit.attention(q, k, v, causal=True, backend=be)
 
-        for mode in ("hook", "off"):
-            def other(q: Any, k: Any, v: Any, be: str = be, mode: str = mode) -> Any:
-                _MODE["now"] = mode
-                try:
-                    return attnkit.attention(q, k, v, causal=True, backend=be)
-                finally:
-                    _MODE["now"] = "views"
-            fns[f"attention-{'nohook' if mode == 'off' else mode} {be}"] = other
+        def nohook(q: Any, k: Any, v: Any, be: str = be) -> Any:
+            _HOOK["on"] = False
+            try:
+                return attnkit.attention(q, k, v, causal=True, backend=be)
+            finally:
+                _HOOK["on"] = True
+        fns[f"attention-nohook {be}"] = nohook
         fns[f"bound {be}"] = attnkit.bind(q, k, v, causal=True, backend=be)
     g = torch.randn_like(q)
     out = {}
@@ -81,7 +71,7 @@ def candidates(b: int, h: int, hk: int, s: int, d: int, dtype: Any) -> dict[str,
 
 
 def main() -> None:
-    _sdpa.grad_like_output, _sdpa.transposed_like_output = _grad_like_output, _transposed_like_output
+    _sdpa.grad_like_output = _switchable
     rows = []
     for label, *dims in SHAPES if DEV == "cuda" else [("tiny", 1, 4, 2, 16, 8, torch.float32)]:
         runs = candidates(*dims)

@@ -38,37 +38,8 @@ def grad_like_output(out: Any) -> Any:
     part of what torch's cuDNN path specialises on. attnkit's padded-varlen route produces exactly that
     (`masked_fill` of keyless rows turns a (B, H, S, D) view of a (B, S, H, D) buffer into a contiguous
     gradient), which is how flash-attn's test grid found 219-242 wrong varlen + ALiBi gradients
-    (docs/cudnn-grad-layout.md has the plain-torch reproduction).
-
-    How: `out` seen through one flat view and back (`_flat_round_trip`). The backward of a view is a reshape,
-    which copies a gradient into out's dense order exactly when it is not already laid out that way, and no
-    Python runs in the backward: the tensor hook this replaces (`_hook_like_output`, kept for outputs dense in
-    neither order below) is a Python callback on the autograd engine's device thread, measured at 25-50 us per
-    training step with a sync on the H200 (docs/results/2026-12-06-h200-sdpa-train-host-probe.json). A
-    gradient whose flat view keeps a stride other than 1 (an expanded one, from `out.sum().backward()`) has an
-    innermost stride other than 1, and torch's cuDNN backward lays such a dO out like the output itself
-    (`run_cudnn_SDP_bprop`); the hook copied it here instead. Nothing is copied in the forward."""
-    t = out.transpose(1, 2)
-    if t.is_contiguous():  # (B, H, S, D) seen from a (B, S, H, D) buffer: attnkit's layout, and flash-attn's
-        return _flat_round_trip(t).transpose(1, 2)
-    if out.is_contiguous():
-        return _flat_round_trip(out)
-    return _hook_like_output(out)
-
-
-def transposed_like_output(out: Any) -> Any:
-    """grad_like_output(out).transpose(1, 2) in two views fewer: the (B, S, H, D) result attention() returns."""
-    t = out.transpose(1, 2)
-    return _flat_round_trip(t) if t.is_contiguous() else grad_like_output(out).transpose(1, 2)
-
-
-def _flat_round_trip(dense: Any) -> Any:
-    return dense.view(-1).view(dense.shape)
-
-
-def _hook_like_output(out: Any) -> Any:
-    """grad_like_output for an output dense in neither order: a tensor hook that copies a gradient laid out
-    otherwise (one copy of dO in the backward, only when the layouts differ)."""
+    (docs/cudnn-grad-layout.md has the plain-torch reproduction). The hook costs nothing in the forward and
+    one copy of dO in the backward only when the layouts differ."""
     stride = out.stride()
 
     def relayout(grad: Any) -> Any:
@@ -280,7 +251,7 @@ def _direct(picked: int, kw: dict[str, Any], call: AttentionCall, guard: bool) -
         def run_cudnn_guarded(q: Any, k: Any, v: Any) -> Any:
             out = cudnn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, lse, dropout, causal, False,
                         scale=scale)[0]
-            return transposed_like_output(out) if out.requires_grad else out.transpose(1, 2)
+            return (grad_like_output(out) if out.requires_grad else out).transpose(1, 2)
         return run_cudnn_guarded if guard and lse else run_cudnn
     if picked == int(_sdp_backend("FLASH_ATTENTION")) and call.head_dim % 8 == 0 and call.head_dim_v % 8 == 0:
         flash = getattr(torch, "_scaled_dot_product_flash_attention", None)

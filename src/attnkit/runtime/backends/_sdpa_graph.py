@@ -1,9 +1,8 @@
 """_sdpa's cuDNN gradient-layout fix in the form a graph records (imported by bind() only in a traced call).
 
-grad_like_output relies on the backward of views (a reshape copies a gradient laid out otherwise) or on a tensor
-hook; a graph keeps neither (a hook is not recorded, and the compiler lays out a traced backward's reshapes as it
-plans), while torch's kernel pick, made at trace time, may be cuDNN, whose backward goes wrong when dO is laid out
-unlike the output (_sdpa.grad_like_output says where that was found). Under torch.compile(backend="aot_eager") the H200
+grad_like_output registers a tensor hook, which dynamo and AOTAutograd do not record; in a graph torch's
+kernel pick is made at trace time and may be cuDNN, whose backward goes wrong when dO is laid out unlike the
+output (_sdpa.grad_like_output says where that was found). Under torch.compile(backend="aot_eager") the H200
 smoke measured dq/dk/dv errors of 1.5-1.8 for bottom-right causal Sq40 Sk96 (a mask built in the graph)
 without this; tools/repro-compiled-sdpa-grad.py is the plain-torch check per kernel and compiler.
 """
