@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import math
 import re
 import subprocess
 import sys
@@ -116,6 +117,39 @@ def test_blend_lets_the_near_points_of_the_deciding_cell_vote_and_the_sibling_dt
     assert table.decide(c, t, table.RULE).order == ("b", "a")
     with pytest.raises(ValueError, match="blend must be >= 0"):
         table.Rule(blend=-1.0)
+
+
+def test_the_sequence_length_tells_apart_points_of_one_work_and_head_dim():
+    """Rule.far_seqlen_log2 (since 2026-12-06): at one work and head dim, one long sequence (B1 S4096) and many short
+    ones (B16 S1024) are different calls: on the H100 FA4 won the first's causal forward and cuDNN the second's
+    (docs/results/2026-12-06-h100-tune-session17-wide-23-cases.jsonl). Chosen by leave-one-out over the sweep's own
+    cases (docs/results/2026-12-06-dev-tune-cross-check-702-cases-session17.json), not by the validation shapes."""
+    key = "fwd|bfloat16|causal|mha|equal|-|-|-|no"
+    long_seq = scored(64, 34, flash_attn4=1.0, sdpa=1.23) | {"log2_seqlen": 12.0}
+    short_seq = scored(64, 34, flash_attn4=1.3, sdpa=1.0) | {"log2_seqlen": 10.0}
+    gpt2 = call(causal=True, requires_grad=False, batch=8, seqlen_q=1000, seqlen_k=1000, heads=16, kv_heads=16,
+                head_dim=64)
+    assert table.log2_seqlen(gpt2) == pytest.approx(9.966, abs=1e-3)
+    t = _table({key: [long_seq, short_seq]})
+    d = table.decide(gpt2, t)
+    assert d.order[0] == "sdpa" and "log2(seqlen)=10" in d.label and "blended" not in d.label  # the long one is far
+    long_call = replace(gpt2, batch=1, seqlen_q=4096, seqlen_k=4096, heads=16)
+    assert table.decide(long_call, t).order[0] == "flash_attn4"
+    # without the third distance both points are one point's worth apart: they vote, and FA4's 1.0 wins the blend
+    unsized = table.Rule(far_seqlen_log2=0.0)
+    assert table.decide(gpt2, t, unsized).order[0] == "flash_attn4"
+    # points written before 2026-12-06 carry no sequence length: the distance leaves it out
+    old = {k: v for k, v in short_seq.items() if k != "log2_seqlen"}
+    assert table.distance(old, 64, 34, table.RULE, 3.0) == table.distance(old, 64, 34, unsized)
+    assert table.distance(short_seq, 64, 34, table.RULE, 10.0 + 2 * table.RULE.far_seqlen_log2) == 2.0
+    # packed calls: the mean keys per sequence
+    packed = replace(gpt2, varlen=True, lengths_q=(100, 300), lengths_k=(100, 300))
+    assert table.log2_seqlen(packed) == pytest.approx(math.log2(200))
+    for bad in (-1.0, "10", True, 64):
+        with pytest.raises(table.TableError, match="log2_seqlen must be a number in"):
+            _table({key: [short_seq | {"log2_seqlen": bad}]})
+    with pytest.raises(ValueError, match="far_seqlen_log2 must be >= 0"):
+        table.Rule(far_seqlen_log2=-1.0)
 
 
 def test_a_point_below_the_calls_head_dim_counts_farther_than_one_above():
@@ -1020,7 +1054,9 @@ PACKAGED_FROM = [*(_RESULTS / f"2026-12-02-h200-tune-{n}.jsonl"
                  # 2026-12-04 cases whose fwd+bwd was unsteady, timed again
                  _RESULTS / "2026-12-04-h200-tune-session13-train-refresh-44-cases.jsonl",
                  *(_RESULTS / f"2026-12-06-h200-tune-session16-{n}.jsonl"
-                   for n in ("short-packed-55-cases", "train-refresh-13-cases"))]
+                   for n in ("short-packed-55-cases", "train-refresh-13-cases")),
+                 # the `wide` stage (many short sequences at the work of a few long ones; an H100 of the same stack)
+                 _RESULTS / "2026-12-06-h100-tune-session17-wide-23-cases.jsonl"]
 
 
 def test_the_packaged_sm90_table_is_the_merge_of_its_sweep_and_carries_its_provenance():
@@ -1031,8 +1067,9 @@ def test_the_packaged_sm90_table_is_the_merge_of_its_sweep_and_carries_its_prove
     packaged = table.validate(json.loads(text), "sm90.json")
     assert json.loads(json.dumps(tune.merge(PACKAGED_FROM))) == packaged
     prov = packaged["provenance"]
-    assert prov["gpus"] == ["NVIDIA H200"] and prov["torch"].startswith("2.11") and prov["cases"] == 679
-    assert prov["passes_per_gpu"] == {"NVIDIA H200": 1091, "NVIDIA H100 80GB HBM3": 29}  # the varlen refresh's passes
+    assert prov["gpus"] == ["NVIDIA H200"] and prov["torch"].startswith("2.11") and prov["cases"] == 702
+    # the varlen refresh's and the wide stage's passes
+    assert prov["passes_per_gpu"] == {"NVIDIA H200": 1091, "NVIDIA H100 80GB HBM3": 75}
     assert prov["libraries"]["flash-attn-4"] and prov["driver"] and prov["date"].startswith("2026-12-06")
     assert set(prov["grid"]["dtype"]) == {"bfloat16", "float16", "float32"}
     assert all(set(p["order"]) <= set(REGISTRY) for pts in packaged["cells"].values() for p in pts)
@@ -1132,7 +1169,7 @@ def test_cross_check_hides_each_case_and_times_the_rules_pick_by_its_own_measure
     # a case line that is not what the sweep writes: one line naming --cross-check
     bad = {**lines[1], "shape": {k: v for k, v in lines[1]["shape"].items() if k != "dtype"}}
     f.write_text("".join(json.dumps(x) + "\n" for x in [header, bad]))
-    with pytest.raises(tune.UsageError, match=r"^--cross-check: a case of .* is not what `attnkit tune` writes"):
+    with pytest.raises(tune.UsageError, match=r"^--cross-check: (a )?case .* is not what `attnkit tune` writes"):
         tune.cross_check([f])
     f.write_text("not json\n")
     with pytest.raises(tune.UsageError, match=r"^--cross-check: .* is not an attnkit tune file"):
@@ -1162,16 +1199,20 @@ def test_rescore_decides_the_validate_shapes_again_and_times_each_pick_by_the_re
     """The validate report's figures stand for what ships while the runtime, as it is now, picks what the device
     picked on every shape, or a pick the report itself timed faster (a new table or rule that changes a pick
     needs a new validate on the GPU, or this: the 14 short-packed cases timed after that validate moved the packed
-    encoder's forward from FA4 to torch_varlen, which that H200 run timed the fastest in both modes)."""
+    encoder's forward from FA4 to torch_varlen, and the wide stage's points with the sequence length as a distance
+    moved GPT-2's fp16 forward (B8 S1000) from FA4 to torch's SDPA pick; that H200 run timed both faster in both
+    modes)."""
     rep = tune.rescore(VALIDATED)
     moved = [c for c in rep["calls"] if not c["same_pick"]]
     assert rep["picks"] == 24 and [(c["shape"], c["pass"], c["pick"]) for c in moved] == [
-        ("val packed encoder x64 24-200 H12 D64", "fwd", "torch_varlen")]
+        ("val packed encoder x64 24-200 H12 D64", "fwd", "torch_varlen"),
+        ("val GPT-2-medium fp16 train S1000 H16 D64", "fwd", "sdpa")]
     data = json.loads(VALIDATED.read_text())
-    enc = next(r for r in data["shapes"] if r["shape"] == moved[0]["shape"])
-    for mode in ("sync", "b2b"):  # faster in both modes than the report's own pick, by the report's own times
-        assert (enc["ms"]["attnkit:torch_varlen"]["fwd"][mode]
-                < enc["ms"][f"attnkit:{enc['selected']['fwd']}"]["fwd"][mode])
+    for c in moved:
+        row = next(r for r in data["shapes"] if r["shape"] == c["shape"])
+        for mode in ("sync", "b2b"):  # faster in both modes than the report's own pick, by the report's own times
+            assert (row["ms"][f"attnkit:{c['pick']}"]["fwd"][mode]
+                    < row["ms"][f"attnkit:{row['selected']['fwd']}"]["fwd"][mode])
     for c in rep["calls"]:  # each ratio is the report's fastest over the report's time of the pick forced
         ms = next(r for r in data["shapes"] if r["shape"] == c["shape"])["ms"]
         times = [v[c["pass"]]["sync"] for v in ms.values() if c["pass"] in v]
@@ -1410,7 +1451,9 @@ def test_the_shipped_rule_is_among_the_cross_checked_variants_and_the_old_order_
     their names when the default changes (each states the neighbour order it was scored with)."""
     named = {n: r for n, r in tune.CROSS_CHECK_RULES.items() if r is not None}
     assert [n for n, r in named.items() if r == table.RULE] == [
-        "the sibling dtype after the other kv sharing (shipped since 2026-12-05)"]
+        "the sequence length a distance too, far 8x (shipped since 2026-12-06)"]
+    assert named["the sibling dtype after the other kv sharing (shipped 2026-12-05 to 2026-12-06)"].far_seqlen_log2 == 0
+    assert all(r.far_seqlen_log2 == 0 for n, r in named.items() if "sequence length" not in n)
     assert named["+ the deciding cell's and its sibling dtype's near points blended (0.25)"].relax == ("kv", "causal")
     assert all("dtype" not in r.relax for n, r in named.items() if n.startswith(("+", "own")))
 
@@ -1420,6 +1463,28 @@ def _gpu_header(date: str, gpu: str, cap: tuple[int, int] = (9, 0), torch_versio
     h["environment"]["probe"]["gpus"] = [{"name": gpu, "capability": list(cap)}]
     h["environment"]["probe"]["torch"] = {"version": torch_version}
     return h
+
+
+def test_merge_keeps_cases_of_one_work_and_other_sequence_lengths_apart(tmp_path):
+    """Cases that land on one work and head dim are one point only where their sequence length is one too (since
+    2026-12-06: B1 S4096 and B16 S1024 are 2^34 both); each point says its log2_seqlen (the keys per sequence)."""
+    causal = "fwd|bfloat16|causal|mha|equal|-|-|-|no"
+    long_seq = _case("long", causal, 64, 34.0, {"flash_attn4": (1.0, 1.0), "sdpa": (1.2, 1.2)})
+    long_seq["shape"] |= {"seqlen_q": 4096, "seqlen_k": 4096}
+    short_seq = _case("short", causal, 64, 34.0, {"flash_attn4": (1.3, 1.3), "sdpa": (1.0, 1.0)})
+    short_seq["shape"] |= {"batch": 16}
+    again = _case("again", causal, 64, 34.0, {"flash_attn4": (1.1, 1.1), "sdpa": (1.0, 1.0)})
+    again["shape"] |= {"batch": 16, "heads": 16}
+    f = tmp_path / "t.jsonl"
+    f.write_text("".join(json.dumps(x) + "\n" for x in [_header("2026-12-06T00:00:00+00:00"), long_seq, short_seq,
+                                                         again]))
+    pts = tune.merge([f])["cells"][causal]
+    assert [(p["log2_seqlen"], p["cases"], p["order"][0]) for p in pts] == [
+        (10.0, ["short", "again"], "sdpa"), (12.0, ["long"], "flash_attn4")]
+    broken = {**long_seq, "shape": {k: v for k, v in long_seq["shape"].items() if k != "seqlen_k"}}
+    f.write_text("".join(json.dumps(x) + "\n" for x in [_header("2026-12-06T00:00:00+00:00"), broken]))
+    with pytest.raises(UsageError, match=r"^--merge: case long: its shape is not what `attnkit tune` writes"):
+        tune.merge([f])
 
 
 def test_merge_fills_an_architectures_table_from_another_card_of_it_and_says_which_points(tmp_path):

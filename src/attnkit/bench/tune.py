@@ -42,7 +42,7 @@ from attnkit.bench.shapes import Shape, mixed_lengths, varlen
 from attnkit.errors import UsageError, first_line, out_of_memory
 from attnkit.runtime.call import AttentionCall, normalise_mask
 from attnkit.runtime.priority import rows_order
-from attnkit.runtime.table import SCHEMA, Rule
+from attnkit.runtime.table import SCHEMA, Rule, log2_seqlen
 from attnkit.runtime.table import cell_of as table_cell
 from attnkit.runtime.table import decide as table_decide
 
@@ -723,24 +723,30 @@ def _merge(files: list[Path], arch: str | None) -> dict[str, Any]:
     arch = arch or (f"sm{gpus[0]['capability'][0]}{gpus[0]['capability'][1]}" if gpus else "cpu")
     # cases that land on one point of one cell (a causal and a non-causal decode are the same call) are
     # combined: a backend's score is its mean over them, where it ran in all of them
-    grouped: dict[tuple[str, int, float], list[tuple[dict[str, float], dict[str, Any], str]]] = {}
+    # (and since 2026-12-06 only where they have one sequence length: Rule.far_seqlen_log2 can tell them apart)
+    grouped: dict[tuple[str, int, float, float], list[tuple[dict[str, float], dict[str, Any], str]]] = {}
     for r in results:
         if not (type(r.get("head_dim")) is int and 0 < r["head_dim"] <= 4096 and _positive(r.get("log2_work"))
                 and r["log2_work"] < 200):
             raise UsageError(f"--merge: case {str(r.get('shape', {}).get('label'))[:60]}: head_dim or log2_work is not "
                              "what `attnkit tune` writes")
+        try:
+            ls = round(log2_seqlen(_call_of(r["shape"], False)), 1)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"--merge: case {str(r.get('shape', {}).get('label'))[:60]}: its shape is not what "
+                             f"`attnkit tune` writes ({type(exc).__name__}: {first_line(exc, 80)})") from None
         for ps, cell in r.get("cell", {}).items():
             sc = scores(r, ps)
             if sc:
-                grouped.setdefault((cell, r["head_dim"], round(r["log2_work"], 1)), []).append((sc, r, ps))
+                grouped.setdefault((cell, r["head_dim"], round(r["log2_work"], 1), ls), []).append((sc, r, ps))
     cells: dict[str, list[dict[str, Any]]] = {}
-    for (cell, hd, lw), members in grouped.items():
+    for (cell, hd, lw, ls), members in grouped.items():
         common = set.intersection(*(set(sc) for sc, _, _ in members))
         mean = {n: statistics.fmean(sc[n] for sc, _, _ in members) for n in common}
         rest = {n: x for sc, _, _ in members for n, x in sc.items() if n not in common}
         ms = {n[len("attnkit:"):]: {m: round(v[ps][m], 5) for m in ("sync", "b2b")}
               for sc, r, ps in members[:1] for n, v in r["ms"].items() if n.startswith("attnkit:") and ps in v}
-        point = {"head_dim": hd, "log2_work": lw, "order": ranked(mean) + ranked(rest),
+        point = {"head_dim": hd, "log2_work": lw, "log2_seqlen": ls, "order": ranked(mean) + ranked(rest),
                  "scores": {n: round(x, 4) for n, x in sorted(mean.items())},
                  "cases": [r["shape"]["label"] for _, r, _ in members], "ms": ms}
         measured_on = {r["_gpus"][ps] for _, r, ps in members}
@@ -748,7 +754,7 @@ def _merge(files: list[Path], arch: str | None) -> dict[str, Any]:
             point["gpus"] = sorted(measured_on)
         cells.setdefault(cell, []).append(point)
     for pts in cells.values():
-        pts.sort(key=lambda p: (p["head_dim"], p["log2_work"]))
+        pts.sort(key=lambda p: (p["head_dim"], p["log2_work"], p["log2_seqlen"]))
     return {"schema": SCHEMA, "arch": arch, "generated_by": "attnkit tune --merge (do not edit by hand)",
             "provenance": {"date": max(h["environment"]["date"] for h in headers),
                            "sessions": sorted({h["environment"]["date"] for h in headers}), **_machine(env),
@@ -776,30 +782,50 @@ def _call_of(shape: dict[str, Any], grad: bool, device: str = "cuda") -> Attenti
 # runtime/table.py's RULE among the variants it was chosen from (each with RULE's knobs where it names none: the
 # head-dim variants came with head_dim_up on 2026-12-03, the far and relax ones before it, at head_dim_up 1)
 SIBLING_FIRST = ("kv", "causal")  # rule 1's neighbour order until 2026-12-05: each cell followed by its sibling dtype
+
+
+def _unsized(**knobs: Any) -> Rule:
+    """A variant scored before points had a sequence length (until 2026-12-06): it keeps that meaning."""
+    return Rule(far_seqlen_log2=0.0, **knobs)
+
+
 CROSS_CHECK_RULES: dict[str, Rule | None] = {
     "hand-written rows only (no table)": None,
-    "own cell and sibling, far 8x": Rule(far_log2=3.0, relax=()),
-    "+ other kv sharing, far 8x": Rule(far_log2=3.0, relax=("kv",)),
-    "+ other kv sharing and causality, far 8x": Rule(far_log2=3.0, relax=SIBLING_FIRST),
-    "own cell and sibling, far 4x": Rule(relax=()),
-    "+ other kv sharing, far 4x": Rule(relax=("kv",)),
-    "+ other kv sharing and causality, far 4x, head dim symmetric": Rule(head_dim_up=1.0, relax=SIBLING_FIRST),
-    "+ other kv sharing and causality, far 4x, head dim below 2x as far": Rule(head_dim_up=2.0, relax=SIBLING_FIRST),
-    "+ other kv sharing and causality, far 4x, head dim below 3x as far": Rule(head_dim_up=3.0, relax=SIBLING_FIRST),
-    "+ other kv sharing and causality, far 4x, a relaxed feature 0.25 farther": Rule(step_cost=0.25,
-                                                                                       relax=SIBLING_FIRST),
-    "+ other kv sharing and causality, far 4x, a relaxed feature 0.5 farther": Rule(step_cost=0.5, relax=SIBLING_FIRST),
-    "+ other kv sharing and causality, far 4x, a relaxed feature 1.0 farther": Rule(step_cost=1.0, relax=SIBLING_FIRST),
-    "+ other kv sharing and causality, far 4x, the nearest point alone (until 2026-12-05)": Rule(
+    "own cell and sibling, far 8x": _unsized(far_log2=3.0, relax=()),
+    "+ other kv sharing, far 8x": _unsized(far_log2=3.0, relax=("kv",)),
+    "+ other kv sharing and causality, far 8x": _unsized(far_log2=3.0, relax=SIBLING_FIRST),
+    "own cell and sibling, far 4x": _unsized(relax=()),
+    "+ other kv sharing, far 4x": _unsized(relax=("kv",)),
+    "+ other kv sharing and causality, far 4x, head dim symmetric": _unsized(head_dim_up=1.0, relax=SIBLING_FIRST),
+    "+ other kv sharing and causality, far 4x, head dim below 2x as far": _unsized(head_dim_up=2.0,
+                                                                                     relax=SIBLING_FIRST),
+    "+ other kv sharing and causality, far 4x, head dim below 3x as far": _unsized(head_dim_up=3.0,
+                                                                                     relax=SIBLING_FIRST),
+    "+ other kv sharing and causality, far 4x, a relaxed feature 0.25 farther": _unsized(step_cost=0.25,
+                                                                                           relax=SIBLING_FIRST),
+    "+ other kv sharing and causality, far 4x, a relaxed feature 0.5 farther": _unsized(step_cost=0.5,
+                                                                                          relax=SIBLING_FIRST),
+    "+ other kv sharing and causality, far 4x, a relaxed feature 1.0 farther": _unsized(step_cost=1.0,
+                                                                                          relax=SIBLING_FIRST),
+    "+ other kv sharing and causality, far 4x, the nearest point alone (until 2026-12-05)": _unsized(
         blend=0.0, relax=SIBLING_FIRST),
-    "+ the deciding cell's near points blended (0.1)": Rule(blend=0.1, blend_sibling=False, relax=SIBLING_FIRST),
-    "+ the deciding cell's near points blended (1.0)": Rule(blend=1.0, blend_sibling=False, relax=SIBLING_FIRST),
-    "+ the deciding cell's near points blended (0.25)": Rule(blend=0.25, blend_sibling=False, relax=SIBLING_FIRST),
-    "+ the deciding cell's and its sibling dtype's near points blended (1.0)": Rule(blend=1.0, relax=SIBLING_FIRST),
-    "+ the deciding cell's and its sibling dtype's near points blended (0.25)": Rule(relax=SIBLING_FIRST),
-    "the sibling dtype after the other kv sharing (shipped since 2026-12-05)": Rule(),
-    "the sibling dtype after the other kv sharing, not blended in": Rule(blend_sibling=False),
-    "the sibling dtype last": Rule(relax=("kv", "causal", "dtype")),
+    "+ the deciding cell's near points blended (0.1)": _unsized(blend=0.1, blend_sibling=False,
+                                                                relax=SIBLING_FIRST),
+    "+ the deciding cell's near points blended (1.0)": _unsized(blend=1.0, blend_sibling=False,
+                                                                relax=SIBLING_FIRST),
+    "+ the deciding cell's near points blended (0.25)": _unsized(blend=0.25, blend_sibling=False,
+                                                                 relax=SIBLING_FIRST),
+    "+ the deciding cell's and its sibling dtype's near points blended (1.0)": _unsized(blend=1.0,
+                                                                                         relax=SIBLING_FIRST),
+    "+ the deciding cell's and its sibling dtype's near points blended (0.25)": _unsized(relax=SIBLING_FIRST),
+    "the sibling dtype after the other kv sharing (shipped 2026-12-05 to 2026-12-06)": _unsized(),
+    "the sibling dtype after the other kv sharing, not blended in": _unsized(blend_sibling=False),
+    "the sibling dtype last": _unsized(relax=("kv", "causal", "dtype")),
+    # a third distance, the sequence length (keys per sequence), at one work and head dim (2026-12-06)
+    "the sequence length a distance too, far 2x": Rule(far_seqlen_log2=1.0),
+    "the sequence length a distance too, far 4x": Rule(far_seqlen_log2=2.0),
+    "the sequence length a distance too, far 8x (shipped since 2026-12-06)": Rule(),
+    "the sequence length a distance too, far 16x": Rule(far_seqlen_log2=4.0),
 }
 
 

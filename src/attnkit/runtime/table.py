@@ -18,12 +18,18 @@ The rule, in full (`RULE`, a `Rule`: its knobs are data, so `attnkit tune --cros
    docs/results/2026-12-05-dev-tune-cross-check-kv-before-dtype.json). The gain is in calls whose sibling cell
    is empty too (the own dtype's other kv sharing stands in better than the other dtype's); where the sibling
    holds points the two orders tie (docs/results.md).
-2. Within the cell, the measured POINT nearest the call by the larger of two distances, each in units of what
+2. Within the cell, the measured POINT nearest the call by the larger of three distances, each in units of what
    still counts as near: |log2(head_dim) - log2(point's)| / far_head_dim_log2 (times head_dim_up, 1.5, for a point
-   at a smaller head dim than the call's: a kernel's cliffs lie above a measured head dim) and
-   |log2(work) - log2(point's)| / far_log2, where work = batch * heads * seqlen_q * seqlen_k * head_dim; ties go
-   to the smaller sum of the two, then to the larger head dim (kernels pad a head dim up), then to the larger
-   work. A point at distance > 1 is FAR.
+   at a smaller head dim than the call's: a kernel's cliffs lie above a measured head dim),
+   |log2(work) - log2(point's)| / far_log2, where work = batch * heads * seqlen_q * seqlen_k * head_dim, and
+   |log2(seqlen) - log2(point's)| / far_seqlen_log2 (8x), where seqlen is the keys per sequence (their mean for a
+   packed call); ties go to the smaller sum, then to the larger head dim (kernels pad a head dim up), then to the
+   larger work. A point at distance > 1 is FAR. The sequence length came 2026-12-06, with the sweep's `wide` stage
+   (many short sequences at the work of a few long ones): at one work and head dim FA4 won B1 S4096's causal
+   forward and cuDNN B16 S1024's (H100), and the two had been one point. Leave-one-out over the 702 cases
+   (docs/results/2026-12-06-dev-tune-cross-check-702-cases-session17.json, 1114 calls): 0.959 / 0.949 and 83.8%
+   of calls >= 0.90 in both modes, against 0.958 / 0.948 and 82.9% without it; far 4x scores alike, 2x and 16x
+   lower. Points written before carry no sequence length: the third distance leaves them out.
 3. The point's ORDER goes first: every backend that was correct there, fastest first by its worst ratio to the
    fastest over both timing modes (a sync after every call, and back to back), so a backend that only wins one
    mode does not lose the other by much. Then the architecture's full default order (runtime/priority.py), so a
@@ -102,6 +108,10 @@ class Rule:
     # 2026-12-05; 0.1-1.0 scored alike in leave-one-out)
     blend: float = 0.25
     blend_sibling: bool = True  # blend: the deciding cell's sibling dtype's near points vote too
+    # > 0: a third distance, |log2(seqlen) - log2(point's)| / far_seqlen_log2 (seqlen: keys per sequence, their mean
+    # for packed calls), so that at one work and head dim a few long sequences (B1 S4096) and many short ones (B16
+    # S1024) are told apart; points carry log2_seqlen since 2026-12-06 (0: not used, as before)
+    far_seqlen_log2: float = 3.0
 
     def __post_init__(self) -> None:
         if not (self.far_log2 > 0 and self.far_head_dim_log2 > 0):
@@ -110,6 +120,8 @@ class Rule:
             raise ValueError("Rule: step_cost must be >= 0")
         if not self.blend >= 0:
             raise ValueError("Rule: blend must be >= 0")
+        if not self.far_seqlen_log2 >= 0:
+            raise ValueError("Rule: far_seqlen_log2 must be >= 0 (0: the sequence length is not used)")
         if not self.head_dim_up >= 1:
             raise ValueError("Rule: head_dim_up must be >= 1 (a smaller head dim counts as far or farther)")
         unknown = [r for r in self.relax if r not in ("kv", "causal", "dtype")]
@@ -168,6 +180,13 @@ def log2_work(call: AttentionCall) -> float:
     return math.log2(max(1, call.work))
 
 
+def log2_seqlen(call: AttentionCall) -> float:
+    """Keys per sequence: the mean over a packed call's sequences, else seqlen_k (Rule.far_seqlen_log2)."""
+    lengths = call.lengths_k or call.lengths_q if call.varlen else None
+    mean = sum(lengths) / len(lengths) if lengths else call.seqlen_k
+    return math.log2(max(1.0, mean))
+
+
 @dataclass(frozen=True)
 class Decision:
     """What put a call's first backends first: a measured table's point, or a hand-written row."""
@@ -207,6 +226,10 @@ def validate(data: Any, where: str) -> dict[str, Any]:
                     and 1.0 <= x < float("inf") for n, x in sc.items())):
                 raise TableError(f"{where}: cell {key!r}: a point's scores must map backend names to ratios >= 1 "
                                  "(tune --merge writes them)")
+            sl = pt.get("log2_seqlen")
+            if sl is not None and not (isinstance(sl, (int, float)) and not isinstance(sl, bool) and 0 <= sl < 64):
+                raise TableError(f"{where}: cell {key!r}: a point's log2_seqlen must be a number in [0, 64) "
+                                 "(tune --merge writes it)")
             gpus = pt.get("gpus")
             if gpus is not None and not (isinstance(gpus, list) and gpus and all(isinstance(g, str) for g in gpus)):
                 raise TableError(f"{where}: cell {key!r}: a point's gpus must be a non-empty list of GPU names "
@@ -246,23 +269,29 @@ def table_for(capability: tuple[int, int] | None) -> dict[str, Any] | None:
     return load(arch_name(capability), str(d) if d else None)
 
 
-def _offsets(point: dict[str, Any], head_dim: int, work: float, rule: Rule = RULE) -> tuple[float, float]:
+def _offsets(point: dict[str, Any], head_dim: int, work: float, rule: Rule = RULE,
+             seqlen: float | None = None) -> tuple[float, ...]:
     up = math.log2(head_dim) - math.log2(point["head_dim"])  # > 0: the point's head dim is below the call's
-    return ((up * rule.head_dim_up if up > 0 else -up) / rule.far_head_dim_log2,
-            abs(point["log2_work"] - work) / rule.far_log2)
+    off = ((up * rule.head_dim_up if up > 0 else -up) / rule.far_head_dim_log2,
+           abs(point["log2_work"] - work) / rule.far_log2)
+    if rule.far_seqlen_log2 > 0 and seqlen is not None and "log2_seqlen" in point:
+        return (*off, abs(point["log2_seqlen"] - seqlen) / rule.far_seqlen_log2)
+    return off
 
 
-def distance(point: dict[str, Any], head_dim: int, work: float, rule: Rule = RULE) -> float:
+def distance(point: dict[str, Any], head_dim: int, work: float, rule: Rule = RULE,
+             seqlen: float | None = None) -> float:
     """Rule 2's distance: <= 1 is near."""
-    return max(_offsets(point, head_dim, work, rule))
+    return max(_offsets(point, head_dim, work, rule, seqlen))
 
 
-def nearest(points: list[dict[str, Any]], head_dim: int, work: float, rule: Rule = RULE) -> dict[str, Any]:
-    """Rule 2: the point at the least distance; ties to the smaller sum of the two offsets, then to the larger
+def nearest(points: list[dict[str, Any]], head_dim: int, work: float, rule: Rule = RULE,
+            seqlen: float | None = None) -> dict[str, Any]:
+    """Rule 2: the point at the least distance; ties to the smaller sum of the offsets, then to the larger
     head dim (a tie between a point below and one above the call's head dim needs head_dim_up 1), then to the
     larger work."""
-    return min(points, key=lambda p: (distance(p, head_dim, work, rule), sum(_offsets(p, head_dim, work, rule)),
-                                      -p["head_dim"], -p["log2_work"]))
+    return min(points, key=lambda p: (distance(p, head_dim, work, rule, seqlen),
+                                      sum(_offsets(p, head_dim, work, rule, seqlen)), -p["head_dim"], -p["log2_work"]))
 
 
 def sibling(key: str) -> str | None:
@@ -300,26 +329,28 @@ def neighbours(key: str, rule: Rule = RULE) -> list[str]:
 def decide(call: AttentionCall, table: dict[str, Any], rule: Rule = RULE) -> Decision | None:
     """The table's decision for `call`, or None when the table has none of its cells (rule 1's `neighbours`)."""
     key = cell_of(call)
-    hd, w = max(call.head_dim, call.head_dim_v), log2_work(call)
+    hd, w, sl = max(call.head_dim, call.head_dim_v), log2_work(call), log2_seqlen(call)
     found = []  # (far, distance, rank, key, point): the first near point in rule 1's order (step_cost 0, or
     # the least distance with each relaxed feature's step_cost added); else the nearest first cell's
     mine = key.split("|")
     for rank, k in enumerate(neighbours(key, rule)):
         points = table["cells"].get(k)
         if points:
-            pt = nearest(points, hd, w, rule)
+            pt = nearest(points, hd, w, rule, sl)
             parts = k.split("|")
-            d = distance(pt, hd, w, rule) + rule.step_cost * ((parts[2] != mine[2]) + (parts[3] != mine[3]))
+            d = distance(pt, hd, w, rule, sl) + rule.step_cost * ((parts[2] != mine[2]) + (parts[3] != mine[3]))
             found.append((d > 1.0, d if rule.step_cost else 0.0, rank, k, pt))
     if not found:
         return None
     far, _, _, k, pt = min(found, key=lambda f: f[:3])
     label = f"{table.get('arch', '?')} {k} D{pt['head_dim']} log2(work)={pt['log2_work']:g}"
+    if "log2_seqlen" in pt:
+        label += f" log2(seqlen)={pt['log2_seqlen']:g}"
     if pt.get("gpus"):  # timed (in part) on another card of the architecture than the table's (tune --merge)
         label += f" (timed on {', '.join(map(str, pt['gpus']))})"
     if rule.blend > 0 and not far:
         pool = table["cells"][k] + (table["cells"].get(sibling(k) or "", []) if rule.blend_sibling else [])
-        near = [(distance(p, hd, w, rule), p) for p in pool]
+        near = [(distance(p, hd, w, rule, sl), p) for p in pool]
         near = [(d, p) for d, p in near if d <= 1.0 and p.get("scores")]
         if len(near) > 1 and pt.get("scores"):
             order = blended_order(near, rule.blend, pt["order"])
