@@ -863,7 +863,10 @@ def test_plan_with_out_lists_only_what_that_file_has_not_measured(tmp_path):
     (["--plan", "--match", "("], "--match: '(' is not a regular expression"),
     (["--plan", "--match", "nothing-like-a-label"], "--match: 'nothing-like-a-label' finds no planned case"),
     (["--merge", "{out}", "--table", "{out}.json", "--match", "x"], "--match: not with --merge"),
-    (["--validate", "--match", "x"], "--match: not with --validate"),
+    (["--validate", "--match", "nothing-like-a-label"],
+     "--match: 'nothing-like-a-label' finds none of the held-out shapes --validate times here (labels look like"),
+    (["--validate", "--match", "("], "--match: '(' is not a regular expression"),
+    (["--rescore", "{out}", "--match", "x"], "--match: not with --rescore"),
     (["--plan", "--match", "a{4294967296}"], "is not a regular expression (the repetition number is too large)"),
     (["--plan", "--match", "(" * 3000 + ")" * 3000], "is not a regular expression (maximum recursion depth"),
     # no GPU here: the timed run measures the quick grid, where the packed cells are not
@@ -983,6 +986,28 @@ def test_validate_writes_each_shape_as_it_lands(tmp_path, monkeypatch):
         assert 0 < x["confirmed_selected_over_oracle"] <= 1.0 and x["confirmed_against"] != "attnkit", key
         assert doc["summary"][key]["confirmed_min"] == x["confirmed_selected_over_oracle"]
     assert set(row["ms"]) >= {"attnkit", f"attnkit:{row['selected']['fwd']}"}  # every candidate's times kept
+
+
+def test_validate_with_match_times_only_those_shapes_and_resume_takes_the_rest(tmp_path, monkeypatch):
+    """--validate --match REGEX: the held-out shapes whose label it finds, the rest left to a later --resume (one
+    shape from the end of the list timed first, on a device session too short for all)."""
+    timed: list[str] = []
+    real = tune.bench_shape
+
+    def noting(s, *a, **k):
+        timed.append(s.label)
+        return real(s, *a, **k)
+
+    monkeypatch.setattr(tune, "bench_shape", noting)
+    labels = [s.label for s in tune.validation_shapes(True)]
+    out = tmp_path / "v.json"
+    tune.validate(out, quick=True, say=lambda *_: None, match="ALiBi")
+    assert timed == [x for x in labels if "ALiBi" in x] and len(timed) < len(labels)
+    assert [r["shape"] for r in json.loads(out.read_text())["shapes"]] == timed
+    timed.clear()
+    rep = tune.validate(out, quick=True, say=lambda *_: None, resume=True)
+    assert timed == [x for x in labels if "ALiBi" not in x]
+    assert sorted(r["shape"] for r in rep["shapes"]) == sorted(labels)
 
 
 def test_the_head_to_head_rerun_races_attnkit_against_the_races_fastest_other(monkeypatch):

@@ -1027,9 +1027,11 @@ def validation_shapes(quick: bool) -> list[Shape]:
     ]
 
 
-def validate(out: Path | None, quick: bool = False, say: Any = print, resume: bool = False) -> dict[str, Any]:
+def validate(out: Path | None, quick: bool = False, say: Any = print, resume: bool = False,
+             match: str | None = None) -> dict[str, Any]:
     """`resume`: `out` is an earlier run's report, cut by its time limit; its shapes are kept and the rest timed
-    (2026-12-05: the 14 shapes took more than one 420 s command on an H100)."""
+    (2026-12-05: the 14 shapes took more than one 420 s command on an H100). `match`: only the shapes whose label
+    it finds (re.search), the rest left for a later --resume (the last shapes of the list, first)."""
     device = measuring_device("tune --validate")
     quick = quick or device == "cpu"
     env = environment()
@@ -1038,7 +1040,7 @@ def validate(out: Path | None, quick: bool = False, say: Any = print, resume: bo
         rows, sessions = validation_resumed(out, env, quick)
         env = {**env, "sessions": [*sessions, env["date"]]}  # the report's date is its latest session's
     done = {r["shape"] for r in rows}
-    for s in validation_shapes(quick):
+    for s in matching(validation_shapes(quick), match):
         if s.label in done:
             continue
         r = bench_shape(s, device, iters=3 if quick else 10, rounds=2 if quick else 4, confirm=3)

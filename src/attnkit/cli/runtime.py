@@ -80,10 +80,11 @@ def _cmd_tune(a: argparse.Namespace) -> int:
     if a.hide_cell and not a.cross_check:
         raise UsageError("--hide-cell: only with --cross-check (it changes what the leave-one-out hides)")
     if a.match is not None:
-        other = other_mode("--merge", "--validate", "--cross-check", "--rescore", "--refine", "--refresh-fwd",
+        other = other_mode("--merge", "--cross-check", "--rescore", "--refine", "--refresh-fwd",
                            "--refresh-train", "--refresh-varlen")
         if other is not None:
-            raise UsageError(f"--match: not with {other} (it picks among the plan's cases)")
+            raise UsageError(f"--match: not with {other} (it picks among the plan's cases, or the held-out shapes "
+                             "of --validate)")
         try:
             re.compile(a.match)
         except (re.error, OverflowError, RecursionError) as exc:
@@ -170,7 +171,14 @@ def _cmd_tune(a: argparse.Namespace) -> int:
             raise UsageError("--resume: with --validate it needs --out (the earlier report to continue)")
         if a.out and Path(a.out).exists() and not a.resume:
             raise UsageError(f"--out: {a.out} exists; pass --resume to continue it, or choose a new file")
-        rep = tune.validate(Path(a.out) if a.out else None, quick=a.quick, resume=a.resume)
+        if a.match is not None:
+            import torch
+
+            quick = a.quick or not torch.cuda.is_available()  # what tune.validate measures on this machine
+            if not tune.matching(tune.validation_shapes(quick), a.match):
+                raise UsageError(f"--match: {a.match!r} finds none of the held-out shapes --validate times here "
+                                 f"(labels look like {tune.validation_shapes(quick)[0].label!r})")
+        rep = tune.validate(Path(a.out) if a.out else None, quick=a.quick, resume=a.resume, match=a.match)
         print(json.dumps(rep["summary"], indent=1))
         return 0
     if a.plan:
@@ -304,7 +312,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     tu.add_argument("--plan", action="store_true", help="print the planned cases (of --shard) and their count; with "
                     "--out FILE, those FILE has not measured yet")
     tu.add_argument("--match", metavar="REGEX", help="only the plan's cases whose label REGEX finds (re.search; "
-                    "e.g. '\\|short\\|' for the short packed cells; see --plan)")
+                    "e.g. '\\|short\\|' for the short packed cells; see --plan), or with --validate only those "
+                    "held-out shapes")
     tu.add_argument("--compile-only", action="store_true", help="run each case once, untimed, so JIT kernels are "
                                                                "compiled into their disk caches (shards side by side)")
     tu.add_argument("--only-compiled", action="store_true", help="time only the cases --compile-only finished for "
