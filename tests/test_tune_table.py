@@ -120,24 +120,31 @@ def test_blend_lets_the_near_points_of_the_deciding_cell_vote_and_the_sibling_dt
 
 
 def test_the_sequence_length_tells_apart_points_of_one_work_and_head_dim():
-    """Rule.far_seqlen_log2 (since 2026-12-06): at one work and head dim, one long sequence (B1 S4096) and many short
-    ones (B16 S1024) are different calls: on the H100 FA4 won the first's causal forward and cuDNN the second's
+    """Rule.far_seqlen_log2 (since 2026-12-06): at one work and head dim, a few long sequences and many short ones are
+    different calls: on the H100 FA4 won B1 S4096's causal forward and cuDNN B16 S1024's
     (docs/results/2026-12-06-h100-tune-session17-wide-23-cases.jsonl). Chosen by leave-one-out over the sweep's own
     cases (docs/results/2026-12-06-dev-tune-cross-check-702-cases-session17.json), not by the validation shapes."""
     key = "fwd|bfloat16|causal|mha|equal|-|-|-|no"
-    long_seq = scored(64, 34, flash_attn4=1.0, sdpa=1.23) | {"log2_seqlen": 12.0}
-    short_seq = scored(64, 34, flash_attn4=1.3, sdpa=1.0) | {"log2_seqlen": 10.0}
+    long_seq = scored(64, 34, flash_attn4=1.0, sdpa=1.6) | {"log2_seqlen": 13.0}  # B1 H4 S8192
+    short_seq = scored(64, 34, flash_attn4=1.3, sdpa=1.0) | {"log2_seqlen": 10.0}  # B16 H16 S1024
     gpt2 = call(causal=True, requires_grad=False, batch=8, seqlen_q=1000, seqlen_k=1000, heads=16, kv_heads=16,
-                head_dim=64)
+                head_dim=64, head_dim_v=64)
     assert table.log2_seqlen(gpt2) == pytest.approx(9.966, abs=1e-3)
     t = _table({key: [long_seq, short_seq]})
     d = table.decide(gpt2, t)
-    assert d.order[0] == "sdpa" and "log2(seqlen)=10" in d.label and "blended" not in d.label  # the long one is far
-    long_call = replace(gpt2, batch=1, seqlen_q=4096, seqlen_k=4096, heads=16)
-    assert table.decide(long_call, t).order[0] == "flash_attn4"
-    # without the third distance both points are one point's worth apart: they vote, and FA4's 1.0 wins the blend
+    # S8192 is more than 8x the call's S1000: that point is far and does not vote
+    assert not d.far and d.order[0] == "sdpa" and "log2(seqlen)=10" in d.label and "blended" not in d.label
+    assert table.distance(long_seq, 64, table.log2_work(gpt2), table.RULE, table.log2_seqlen(gpt2)) > 1.0
+    long_call = replace(gpt2, batch=1, seqlen_q=8192, seqlen_k=8192, heads=4, kv_heads=4)
+    d = table.decide(long_call, t)
+    assert not d.far and d.order[0] == "flash_attn4" and "log2(seqlen)=13" in d.label
+    # without the third distance both points are as near, and they vote alike: FA4's 1.6x win outweighs its 1.3x loss
     unsized = table.Rule(far_seqlen_log2=0.0)
-    assert table.decide(gpt2, t, unsized).order[0] == "flash_attn4"
+    d = table.decide(gpt2, t, unsized)
+    assert not d.far and d.order[0] == "flash_attn4" and "blended with 1 more" in d.label and "seqlen" not in d.label
+    # that rule's tie between the two goes to the nearer sequence length, whichever comes first in the table
+    for pts in ([long_seq, short_seq], [short_seq, long_seq]):
+        assert table.nearest(pts, 64, 34.0, unsized, 9.97) is short_seq
     # points written before 2026-12-06 carry no sequence length: the distance leaves it out
     old = {k: v for k, v in short_seq.items() if k != "log2_seqlen"}
     assert table.distance(old, 64, 34, table.RULE, 3.0) == table.distance(old, 64, 34, unsized)
@@ -145,7 +152,7 @@ def test_the_sequence_length_tells_apart_points_of_one_work_and_head_dim():
     # packed calls: the mean keys per sequence
     packed = replace(gpt2, varlen=True, lengths_q=(100, 300), lengths_k=(100, 300))
     assert table.log2_seqlen(packed) == pytest.approx(math.log2(200))
-    for bad in (-1.0, "10", True, 64):
+    for bad in (-1.0, "10", True, 64, None):
         with pytest.raises(table.TableError, match="log2_seqlen must be a number in"):
             _table({key: [short_seq | {"log2_seqlen": bad}]})
     with pytest.raises(ValueError, match="far_seqlen_log2 must be >= 0"):

@@ -338,6 +338,7 @@ case $step in
     if [ -d .fa4c ]; then cp .fa4c/*.whl /root/fa4/ || exit 1; fi   # the small wheels, when `split` moved them
     OUT=$OUT bash tools/h200-runtime.sh install || exit 1
     rm -rf "$S/src" "$R" && mkdir -p "$R" && cp -r src "$S/src"   # a warm machine's earlier run: not this one's
+    : > "$R/phases.log"   # `wait` reads a machine without it as a bare one
     cp "$OUT/nvidia-smi.txt" "$R/" 2>/dev/null
     # TUNE_FROM=<an earlier session's tune .jsonl in the tree>: the timed sweep resumes it (752 cases do not fit
     # one session: 69 were timed in 450 s on 2026-12-02)
@@ -355,6 +356,10 @@ case $step in
   job) job ;;
   wait)
     if [ "${REFRESH:-0}" = 1 ]; then rm -rf "$S/src.new" && cp -r src "$S/src.new" && rm -rf "$S/src" && mv "$S/src.new" "$S/src" && echo "src refreshed"; fi
+    # no job here: a bare machine (the one that ran `start` went back 30 s after its last command ended; on
+    # 2026-12-06 a `wait` issued 35 s late slept 330 s of device time on a fresh machine): say so at once
+    if [ ! -f "$R/phases.log" ]; then echo "wait: no job on this machine ($R/phases.log missing: a fresh machine?" \
+      "the one that ran 'start' goes back 30 s after a command ends; call 'wait' at once after 'start')"; exit 1; fi
     deadline=$(( $(date +%s) + ${2:-540} ))
     while ! grep -q DONE "$R/phases.log" 2>/dev/null && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
     pack ;;

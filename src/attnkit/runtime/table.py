@@ -28,8 +28,10 @@ The rule, in full (`RULE`, a `Rule`: its knobs are data, so `attnkit tune --cros
    (many short sequences at the work of a few long ones): at one work and head dim FA4 won B1 S4096's causal
    forward and cuDNN B16 S1024's (H100), and the two had been one point. Leave-one-out over the 702 cases
    (docs/results/2026-12-06-dev-tune-cross-check-702-cases-session17.json, 1114 calls): 0.959 / 0.949 and 83.8%
-   of calls >= 0.90 in both modes, against 0.958 / 0.948 and 82.9% without it; far 4x scores alike, 2x and 16x
-   lower. Points written before carry no sequence length: the third distance leaves them out.
+   of calls >= 0.90 in both modes, against 0.958 / 0.948 and 82.9% without it (on the same split points, its
+   ties to the nearer sequence length; the 679 cases, unsplit, scored 0.959 / 0.949); far 4x scores alike, 2x and
+   16x lower. Points written before carry no sequence length: the third distance leaves them out (so in a cell that
+   mixes both, such a point never pays it).
 3. The point's ORDER goes first: every backend that was correct there, fastest first by its worst ratio to the
    fastest over both timing modes (a sync after every call, and back to back), so a backend that only wins one
    mode does not lose the other by much. Then the architecture's full default order (runtime/priority.py), so a
@@ -181,8 +183,10 @@ def log2_work(call: AttentionCall) -> float:
 
 
 def log2_seqlen(call: AttentionCall) -> float:
-    """Keys per sequence: the mean over a packed call's sequences, else seqlen_k (Rule.far_seqlen_log2)."""
-    lengths = call.lengths_k or call.lengths_q if call.varlen else None
+    """Keys per sequence (Rule.far_seqlen_log2): the mean over a packed call's sequences, else seqlen_k. A packed
+    call traced into a graph has no lengths on the host: its seqlen_k, the bound it was given, stands in (as in
+    varlen_class)."""
+    lengths = (call.lengths_k or call.lengths_q) if call.varlen else None
     mean = sum(lengths) / len(lengths) if lengths else call.seqlen_k
     return math.log2(max(1.0, mean))
 
@@ -227,7 +231,7 @@ def validate(data: Any, where: str) -> dict[str, Any]:
                 raise TableError(f"{where}: cell {key!r}: a point's scores must map backend names to ratios >= 1 "
                                  "(tune --merge writes them)")
             sl = pt.get("log2_seqlen")
-            if sl is not None and not (isinstance(sl, (int, float)) and not isinstance(sl, bool) and 0 <= sl < 64):
+            if "log2_seqlen" in pt and not (isinstance(sl, (int, float)) and not isinstance(sl, bool) and 0 <= sl < 64):
                 raise TableError(f"{where}: cell {key!r}: a point's log2_seqlen must be a number in [0, 64) "
                                  "(tune --merge writes it)")
             gpus = pt.get("gpus")
@@ -287,11 +291,20 @@ def distance(point: dict[str, Any], head_dim: int, work: float, rule: Rule = RUL
 
 def nearest(points: list[dict[str, Any]], head_dim: int, work: float, rule: Rule = RULE,
             seqlen: float | None = None) -> dict[str, Any]:
-    """Rule 2: the point at the least distance; ties to the smaller sum of the offsets, then to the larger
-    head dim (a tie between a point below and one above the call's head dim needs head_dim_up 1), then to the
+    """Rule 2: the point at the least distance; ties to the smaller sum of the offsets, then to the nearer sequence
+    length, then to the larger head dim (a tie between a point below and one above the call's head dim needs head_dim_up 1), then to the
     larger work."""
     return min(points, key=lambda p: (distance(p, head_dim, work, rule, seqlen),
-                                      sum(_offsets(p, head_dim, work, rule, seqlen)), -p["head_dim"], -p["log2_work"]))
+                                      sum(_offsets(p, head_dim, work, rule, seqlen)), _seqlen_off(p, seqlen),
+                                      -p["head_dim"], -p["log2_work"]))
+
+
+def _seqlen_off(point: dict[str, Any], seqlen: float | None) -> float:
+    """The last tie-break before head dim and work: points of one work and head dim at other sequence lengths (merge
+    keeps them apart) tie on everything else under a rule that does not use the sequence length."""
+    if seqlen is None or "log2_seqlen" not in point:
+        return 0.0
+    return abs(point["log2_seqlen"] - seqlen)
 
 
 def sibling(key: str) -> str | None:
@@ -344,7 +357,7 @@ def decide(call: AttentionCall, table: dict[str, Any], rule: Rule = RULE) -> Dec
         return None
     far, _, _, k, pt = min(found, key=lambda f: f[:3])
     label = f"{table.get('arch', '?')} {k} D{pt['head_dim']} log2(work)={pt['log2_work']:g}"
-    if "log2_seqlen" in pt:
+    if rule.far_seqlen_log2 > 0 and "log2_seqlen" in pt:
         label += f" log2(seqlen)={pt['log2_seqlen']:g}"
     if pt.get("gpus"):  # timed (in part) on another card of the architecture than the table's (tune --merge)
         label += f" (timed on {', '.join(map(str, pt['gpus']))})"
