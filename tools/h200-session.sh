@@ -355,11 +355,11 @@ case $step in
     sleep 2; bash "$0" wait "${2:-480}" ;;
   job) job ;;
   wait)
-    if [ "${REFRESH:-0}" = 1 ]; then rm -rf "$S/src.new" && cp -r src "$S/src.new" && rm -rf "$S/src" && mv "$S/src.new" "$S/src" && echo "src refreshed"; fi
     # no job here: a bare machine (the one that ran `start` went back 30 s after its last command ended; on
     # 2026-12-06 a `wait` issued 35 s late slept 330 s of device time on a fresh machine): say so at once
     if [ ! -f "$R/phases.log" ]; then echo "wait: no job on this machine ($R/phases.log missing: a fresh machine?" \
       "the one that ran 'start' goes back 30 s after a command ends; call 'wait' at once after 'start')"; exit 1; fi
+    if [ "${REFRESH:-0}" = 1 ]; then rm -rf "$S/src.new" && cp -r src "$S/src.new" && rm -rf "$S/src" && mv "$S/src.new" "$S/src" && echo "src refreshed"; fi
     deadline=$(( $(date +%s) + ${2:-540} ))
     while ! grep -q DONE "$R/phases.log" 2>/dev/null && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
     pack ;;

@@ -1034,13 +1034,17 @@ def validate(out: Path | None, quick: bool = False, say: Any = print, resume: bo
     it finds (re.search), the rest left for a later --resume (the last shapes of the list, first)."""
     device = measuring_device("tune --validate")
     quick = quick or device == "cpu"
+    shapes = matching(validation_shapes(quick), match)
+    if not shapes:  # refused before anything is read or timed
+        raise UsageError(f"--match: {str(match)[:80]!r} finds none of the held-out shapes --validate times here "
+                         f"(labels look like {validation_shapes(quick)[0].label!r})")
     env = environment()
     rows: list[dict[str, Any]] = []
     if resume and out is not None and out.exists():
         rows, sessions = validation_resumed(out, env, quick)
         env = {**env, "sessions": [*sessions, env["date"]]}  # the report's date is its latest session's
     done = {r["shape"] for r in rows}
-    for s in matching(validation_shapes(quick), match):
+    for s in shapes:
         if s.label in done:
             continue
         r = bench_shape(s, device, iters=3 if quick else 10, rounds=2 if quick else 4, confirm=3)

@@ -279,7 +279,7 @@ def _offsets(point: dict[str, Any], head_dim: int, work: float, rule: Rule = RUL
     off = ((up * rule.head_dim_up if up > 0 else -up) / rule.far_head_dim_log2,
            abs(point["log2_work"] - work) / rule.far_log2)
     if rule.far_seqlen_log2 > 0 and seqlen is not None and "log2_seqlen" in point:
-        return (*off, abs(point["log2_seqlen"] - seqlen) / rule.far_seqlen_log2)
+        return (*off, _seqlen_off(point, seqlen) / rule.far_seqlen_log2)
     return off
 
 
@@ -291,17 +291,18 @@ def distance(point: dict[str, Any], head_dim: int, work: float, rule: Rule = RUL
 
 def nearest(points: list[dict[str, Any]], head_dim: int, work: float, rule: Rule = RULE,
             seqlen: float | None = None) -> dict[str, Any]:
-    """Rule 2: the point at the least distance; ties to the smaller sum of the offsets, then to the nearer sequence
-    length, then to the larger head dim (a tie between a point below and one above the call's head dim needs head_dim_up 1), then to the
-    larger work."""
+    """Rule 2: the point at the least distance; ties to the smaller sum of the offsets, then to the nearer
+    sequence length, then to the larger head dim (a tie between a point below and one above the call's head dim
+    needs head_dim_up 1), then to the larger work."""
     return min(points, key=lambda p: (distance(p, head_dim, work, rule, seqlen),
                                       sum(_offsets(p, head_dim, work, rule, seqlen)), _seqlen_off(p, seqlen),
                                       -p["head_dim"], -p["log2_work"]))
 
 
 def _seqlen_off(point: dict[str, Any], seqlen: float | None) -> float:
-    """The last tie-break before head dim and work: points of one work and head dim at other sequence lengths (merge
-    keeps them apart) tie on everything else under a rule that does not use the sequence length."""
+    """|log2(seqlen) - log2(point's)|, 0 where either is unknown. Also nearest()'s tie-break before head dim and
+    work: points of one work and head dim at other sequence lengths (merge keeps them apart) tie on everything else
+    under a rule that does not use the sequence length."""
     if seqlen is None or "log2_seqlen" not in point:
         return 0.0
     return abs(point["log2_seqlen"] - seqlen)
