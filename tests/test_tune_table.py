@@ -159,6 +159,38 @@ def test_the_sequence_length_tells_apart_points_of_one_work_and_head_dim():
         table.Rule(far_seqlen_log2=-1.0)
 
 
+def test_the_blend_weighs_a_point_off_in_two_features_less_than_one_off_in_one():
+    """Rule.blend_distance "sum" (since 2026-12-06): a point off in work and in sequence length votes less than the
+    point at the call's own sequence length. With the largest offset, a D64 causal forward at 2^36 and S1024 went to
+    FA4 on the votes of points at 4x longer sequences, where cuDNN was 1.3x faster at its own (the H100 bench:
+    docs/results/2026-12-06-h100-bench-5-small-shapes-702-case-table-session18.json). Chosen by leave-one-out over
+    the sweep's own cases (docs/results/2026-12-06-dev-tune-cross-check-702-cases-blend-sum.json)."""
+    key = "fwd|bfloat16|causal|mha|equal|-|-|-|no"
+    own_seqlen = scored(64, 35, sdpa_cudnn=1.0, flash_attn4=1.3) | {"log2_seqlen": 10.0}  # work off by 0.5
+    longer = scored(64, 37, sdpa_cudnn=1.6, flash_attn4=1.0) | {"log2_seqlen": 12.0}  # work 0.5 and seqlen 0.67 off
+    c = call(causal=True, requires_grad=False, batch=32, seqlen_q=1024, seqlen_k=1024, heads=32, kv_heads=32,
+             head_dim=64, head_dim_v=64)
+    assert (table.log2_work(c), table.log2_seqlen(c)) == (36.0, 10.0)
+    t = _table({key: [own_seqlen, longer]})
+    by_max = table.decide(c, t, replace(table.RULE, blend_distance="max"))
+    assert by_max.order[0] == "flash_attn4" and "blended with 1 more" in by_max.label
+    by_sum = table.decide(c, t)
+    assert by_sum.order[0] == "sdpa_cudnn" and "blended with 1 more" in by_sum.label
+    # a point off in one feature only weighs the same by either distance; beside the other two it leaves the
+    # outcome to how the point off in two features is weighed: FA4 by the largest, cuDNN by the sum
+    level = scored(64, 36, sdpa_cudnn=1.0, flash_attn4=1.1) | {"log2_seqlen": 12.0}  # seqlen 0.67 off, work exact
+    assert table._blend_distance(level, 64, 36.0, table.RULE, 10.0) == table.distance(level, 64, 36.0, table.RULE, 10.0)
+    t = _table({key: [own_seqlen, longer, level]})
+    assert table.decide(c, t, replace(table.RULE, blend_distance="max")).order[0] == "flash_attn4"
+    d = table.decide(c, t)
+    assert d.order[0] == "sdpa_cudnn" and "blended with 2 more" in d.label
+    # which points are near stays rule 2's (the largest offset): a point 0.5 and 0.67 off in two features votes
+    assert table.distance(longer, 64, 36.0, table.RULE, 10.0) <= 1.0 < sum(
+        table._offsets(longer, 64, 36.0, table.RULE, 10.0))
+    with pytest.raises(ValueError, match="blend_distance must be 'max' or 'sum'"):
+        table.Rule(blend_distance="mean")
+
+
 def test_a_point_below_the_calls_head_dim_counts_farther_than_one_above():
     """Kernels pad a head dim up: a cliff lies above a measured head dim (flex float32, 0.98 ms at D64 and 33 ms at
     D128 in one decode cell of the sweep), so a point below the call stands for it less well than one above."""
@@ -1483,9 +1515,14 @@ def test_the_shipped_rule_is_among_the_cross_checked_variants_and_the_old_order_
     their names when the default changes (each states the neighbour order it was scored with)."""
     named = {n: r for n, r in tune.CROSS_CHECK_RULES.items() if r is not None}
     assert [n for n, r in named.items() if r == table.RULE] == [
-        "the sequence length a distance too, far 8x (shipped since 2026-12-06)"]
+        "the blend weighed by the sum of offsets (shipped since 2026-12-06, session 18)"]
     assert named["the sibling dtype after the other kv sharing (shipped 2026-12-05 to 2026-12-06)"].far_seqlen_log2 == 0
-    assert all(r.far_seqlen_log2 == 0 for n, r in named.items() if "sequence length" not in n)
+    assert all(r.far_seqlen_log2 == 0 for n, r in named.items()
+               if "sequence length" not in n and "sum of offsets" not in n)
+    # every variant scored before the sum of offsets keeps the largest offset it was scored with
+    assert all(r.blend_distance == "max" for n, r in named.items() if "sum of offsets" not in n)
+    assert named["the sequence length a distance too, far 8x (shipped 2026-12-06)"] == replace(
+        table.RULE, blend_distance="max")
     assert named["+ the deciding cell's and its sibling dtype's near points blended (0.25)"].relax == ("kv", "causal")
     assert all("dtype" not in r.relax for n, r in named.items() if n.startswith(("+", "own")))
 

@@ -44,11 +44,16 @@
 #               $R/selection/sm90.json;
 #             sdpahost: attnkit's host time on torch's kernels in training against the plain call
 #               (tools/probe-sdpa-train-host.py, SDPAHOST_S s);
+#             guardprof: forms of the cuDNN gradient-layout guard timed and profiled on the plain call
+#               (tools/probe-cudnn-guard-forms.py, GUARDPROF_S s); dispatch: attention()'s host us per call over
+#               the plain call on a tiny shape, three repeats (DISPATCH_S s); compstack: compiled attention()'s
+#               host time by Python frame (tools/probe-compiled-host-stack.py, COMPSTACK_S s); bench: `attnkit
+#               bench` (BENCH_S s; BENCH_SHAPES="label;label" its suite shapes by label);
 #             tune: (TUNE_MATCH=REGEX: only the plan's cases whose label it finds, `tune --match`, timed and
 #               compiled; the held-out shapes are compiled all the same, for validate) the plan's JIT kernels (FA4, flex) and the held-out shapes' compiled by SHARDS CPU shards
 #               (TUNE_COMPILE s), the timed sweep alone on the GPU over what they compiled (TUNE_BUDGET s;
 #               ONLY_COMPILED=0 times the rest too), merged into sm90.json + PNG; --validate against that table
-#               (VALIDATE_S s; it writes each shape as it lands).
+#               (VALIDATE_S s, VALIDATE_MATCH=REGEX its shapes whose label it finds; it writes each shape as it lands).
 #             A phase after the sweep runs with its table (ATTNKIT_SELECTION_DIR): ORDER="tune checks" checks the
 #             runtime's picks as they are once the table is packaged
 # every `timeout` also kills (-k 15) 15 s after its TERM: a TERM'd compile waits for inductor's workers (session 4's
@@ -59,7 +64,7 @@ S=${ATTNKIT_SESSION_DIR:-/root/attnkit-session}
 OUT=${OUT:-/tmp/out}; R=$S/results
 case ${1:-wait} in split|aside|back) ;; *) mkdir -p "$OUT" "$R" ;; esac   # these three run here, before the session
 ORACLE_OWN=${ORACLE_OWN:-360}; ORACLE_FORCED=${ORACLE_FORCED:-300}; TUNE_COMPILE=${TUNE_COMPILE:-200}
-TUNE_BUDGET=${TUNE_BUDGET:-300}; VALIDATE_S=${VALIDATE_S:-240}; HF_S=${HF_S:-300}; COMPILED_S=${COMPILED_S:-240}; REPLAY_S=${REPLAY_S:-240}; TRAIN_S=${TRAIN_S:-240}; REFRESH_COMPILE=${REFRESH_COMPILE:-150}; REFRESH_BUDGET=${REFRESH_BUDGET:-280}; VARLEN_S=${VARLEN_S:-120}; SDPAHOST_S=${SDPAHOST_S:-150}; SMOKE_S=${SMOKE_S:-900}; SHARDS=${SHARDS:-}
+TUNE_BUDGET=${TUNE_BUDGET:-300}; VALIDATE_S=${VALIDATE_S:-240}; HF_S=${HF_S:-300}; COMPILED_S=${COMPILED_S:-240}; REPLAY_S=${REPLAY_S:-240}; TRAIN_S=${TRAIN_S:-240}; REFRESH_COMPILE=${REFRESH_COMPILE:-150}; REFRESH_BUDGET=${REFRESH_BUDGET:-280}; VARLEN_S=${VARLEN_S:-120}; SDPAHOST_S=${SDPAHOST_S:-150}; SMOKE_S=${SMOKE_S:-900}; GUARDPROF_S=${GUARDPROF_S:-150}; DISPATCH_S=${DISPATCH_S:-60}; COMPSTACK_S=${COMPSTACK_S:-240}; BENCH_S=${BENCH_S:-600}; SHARDS=${SHARDS:-}
 step=${1:-wait}
 
 phase() { echo "$(date +%T) $*" | tee -a "$R/phases.log"; }
@@ -232,6 +237,34 @@ varlen() { probe "$VARLEN_S" "varlen routes probe" probe-varlen-padded.py varlen
 # attnkit's host time on torch's own kernels in training against the plain SDPA call, interleaved: the H200
 # validate's GPT-2 fp16 row (12-15% behind the plain call)
 sdpahost() { probe "$SDPAHOST_S" "sdpa training host probe" probe-sdpa-train-host.py sdpa-train-host; }
+# forms of the cuDNN gradient-layout guard on the plain SDPA call, timed and profiled (kernel launch against GPU
+# start): where the guard's 23-32 us per synced training step went on the H100 (2026-12-06)
+guardprof() { probe "$GUARDPROF_S" "cudnn guard forms probe" probe-cudnn-guard-forms.py cudnn-guard-forms; }
+# a compiled attention() step's host time, Python frame by frame, against eager and the plain call compiled
+compstack() { probe "$COMPSTACK_S" "compiled host stack probe" probe-compiled-host-stack.py compiled-host-stack; }
+# `attnkit bench` (BENCH_SHAPES="label;label": only those suite shapes), its report written shape by shape
+bench() {
+  on "$BENCH_S" "bench" || return 0
+  local shapes=() labels=() label
+  if [ -n "${BENCH_SHAPES:-}" ]; then
+    IFS=';' read -ra labels <<< "$BENCH_SHAPES"
+    for label in "${labels[@]}"; do
+      label=$(echo "$label" | sed 's/^ *//; s/ *$//')   # "a; b": the spaces around a ';' are not the label's
+      [ -n "$label" ] && shapes+=(--shape "$label")
+    done
+  fi
+  phase "bench ($(( ${#shapes[@]} / 2 )) shapes; none: the whole suite)"
+  timeout -k 15 "$BENCH_S" $ak bench --out "$R/bench.json" "${shapes[@]}" > "$R/bench.log" 2>&1
+  phase "bench rc=$?"
+}
+# attention()'s host time per call over the plain SDPA call on a tiny shape (issue 22: <= 3 us), three repeats
+dispatch() {
+  on "$DISPATCH_S" "dispatch overhead" || return 0
+  phase "dispatch overhead"
+  timeout -k 15 "$DISPATCH_S" python3 -c "import json, sys; from attnkit.bench.run import dispatch_overhead
+json.dump([dispatch_overhead('cuda') for _ in range(3)], open(sys.argv[1], 'w'), indent=1)" "$R/dispatch-overhead.json" > "$R/dispatch-overhead.log" 2>&1
+  phase "dispatch overhead rc=$?"
+}
 
 tune() {
   local i match=()
@@ -261,7 +294,9 @@ tune() {
   fi
   if [ ! -s "$R/selection/sm90.json" ]; then phase "skipped: validate (no table: no sweep ran and no TUNE_FROM)"
   elif on "$VALIDATE_S" validate; then
-  ATTNKIT_SELECTION_DIR=$R/selection timeout -k 15 "$VALIDATE_S" $ak tune --validate --resume --out "$R/validate.json" > "$R/validate.log" 2>&1
+  local vmatch=()   # VALIDATE_MATCH=REGEX: only the held-out shapes whose label it finds (tune --validate --match)
+  [ -n "${VALIDATE_MATCH:-}" ] && vmatch=(--match "$VALIDATE_MATCH")
+  ATTNKIT_SELECTION_DIR=$R/selection timeout -k 15 "$VALIDATE_S" $ak tune --validate --resume "${vmatch[@]}" --out "$R/validate.json" > "$R/validate.log" 2>&1
   phase "validate rc=$?"
   fi
 }
@@ -283,7 +318,8 @@ job() {
   local p
   for p in ${ORDER:-checks hf compiled tune}; do
     [ "$p" = tune ] || table_in_use   # every phase after a sweep runs on its table
-    case $p in checks|hf|compiled|tune|replay|refresh|train|varlen|sdpahost) $p ;; *) phase "skipped: unknown phase '$p' in ORDER (checks hf compiled tune replay refresh train varlen sdpahost)" ;; esac
+    case $p in checks|hf|compiled|tune|replay|refresh|train|varlen|sdpahost|guardprof|dispatch|compstack|bench) $p ;;
+      *) phase "skipped: unknown phase '$p' in ORDER (checks hf compiled tune replay refresh train varlen sdpahost guardprof dispatch compstack bench)" ;; esac
   done
   phase "DONE"
 }
@@ -293,6 +329,10 @@ pack() {
   tail -n 20 "$R/phases.log" 2>/dev/null
   grep -hE "^smoke:|FAILED" "$R"/smoke*.log 2>/dev/null | head -20
   tail -n 2 "$R/tune/tune.log" 2>/dev/null | cut -c1-300
+  grep -h "^[A-Za-z].*: plain" "$R/cudnn-guard-forms.log" 2>/dev/null
+  grep -hv USDT "$R/compiled-host-stack.log" 2>/dev/null | head -60
+  grep -h "^bench \|^summary" "$R/bench.log" 2>/dev/null | cut -c1-600
+  cat "$R/dispatch-overhead.json" 2>/dev/null | tr -d ' \n' | cut -c1-400; echo
 }
 
 case $step in

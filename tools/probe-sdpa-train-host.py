@@ -14,13 +14,11 @@ Each timed forward-only and forward+backward, with a sync after each step and ba
 
 from __future__ import annotations
 
-import datetime as dt
-import json
-import sys
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from _probe import DEV, write_report
 
 import attnkit
 from attnkit.bench.timer import interleaved, warm
@@ -32,7 +30,6 @@ SHAPES = [  # (label, batch, heads, kv_heads, seqlen, head_dim, dtype): the vali
     ("D96 H24 S1800", 8, 24, 24, 1800, 96, torch.bfloat16),
     ("small H16 D64 S512", 4, 16, 16, 512, 64, torch.bfloat16),
 ]
-DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU: a dry run of the probe itself (no cuDNN, no hook)
 _HOOK = {"on": True}
 _real_hook = _sdpa.grad_like_output
 
@@ -89,13 +86,8 @@ def main() -> None:
             print(f"{label} {ps}: " + "; ".join(
                 f"{n} {t['sync']:.0f}/{t['b2b']:.0f} (+{t['sync'] - base['sync']:.0f}/+{t['b2b'] - base['b2b']:.0f})"
                 for n, t in row["us"].items()), flush=True)
-    report = {"what": __doc__.split("\n\n")[0], "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-              "gpu": torch.cuda.get_device_name() if DEV == "cuda" else "cpu", "torch": torch.__version__,
-              "unit": "us per step, median; sync: a device sync after every step; b2b: 20 steps then one sync",
-              "rows": rows}
-    if len(sys.argv) > 1:
-        with open(sys.argv[1], "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=1)
+    write_report(__doc__, "us per step, median; sync: a device sync after every step; b2b: 20 steps then one sync",
+                 rows)
 
 
 if __name__ == "__main__":

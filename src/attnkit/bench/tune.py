@@ -786,7 +786,7 @@ SIBLING_FIRST = ("kv", "causal")  # rule 1's neighbour order until 2026-12-05: e
 
 def _unsized(**knobs: Any) -> Rule:
     """A variant scored before points had a sequence length (until 2026-12-06): it keeps that meaning."""
-    return Rule(far_seqlen_log2=0.0, **knobs)
+    return Rule(far_seqlen_log2=0.0, blend_distance="max", **knobs)
 
 
 CROSS_CHECK_RULES: dict[str, Rule | None] = {
@@ -822,10 +822,14 @@ CROSS_CHECK_RULES: dict[str, Rule | None] = {
     "the sibling dtype after the other kv sharing, not blended in": _unsized(blend_sibling=False),
     "the sibling dtype last": _unsized(relax=("kv", "causal", "dtype")),
     # a third distance, the sequence length (keys per sequence), at one work and head dim (2026-12-06)
-    "the sequence length a distance too, far 2x": Rule(far_seqlen_log2=1.0),
-    "the sequence length a distance too, far 4x": Rule(far_seqlen_log2=2.0),
-    "the sequence length a distance too, far 8x (shipped since 2026-12-06)": Rule(),
-    "the sequence length a distance too, far 16x": Rule(far_seqlen_log2=4.0),
+    "the sequence length a distance too, far 2x": Rule(far_seqlen_log2=1.0, blend_distance="max"),
+    "the sequence length a distance too, far 4x": Rule(far_seqlen_log2=2.0, blend_distance="max"),
+    "the sequence length a distance too, far 8x (shipped 2026-12-06)": Rule(blend_distance="max"),
+    "the sequence length a distance too, far 16x": Rule(far_seqlen_log2=4.0, blend_distance="max"),
+    # the blend's votes weighed by the sum of a point's offsets, not the largest (2026-12-06, session 18)
+    "the blend weighed by the sum of offsets (shipped since 2026-12-06, session 18)": Rule(),
+    "the blend weighed by the sum of offsets, the sequence length far 4x": Rule(far_seqlen_log2=2.0),
+    "the blend weighed by the sum of offsets, work far 8x": Rule(far_log2=3.0),
 }
 
 

@@ -42,6 +42,15 @@ The rule, in full (`RULE`, a `Rule`: its knobs are data, so `attnkit tune --cros
    1 / (blend + its distance). One point's order is one measurement, whose near ties are noise; leave-one-out
    over the 624 shipped cases: 0.957 / 0.946 against 0.944 / 0.935 for the nearest point alone, and 83.3% of calls
    at >= 0.90 in both modes against 80.2% (docs/results/2026-12-05-dev-tune-cross-check-blend.json).
+   The distance that weighs a vote is the SUM of the point's offsets (`Rule.blend_distance`, since 2026-12-06), not
+   the largest: a point off in work and in sequence length votes less than one off in work alone. With the largest,
+   a call at 2^36 work and S1024 (D64, causal forward) was decided by points at 4x longer sequences, where FA4 wins,
+   over the point at its own sequence length, where cuDNN is 1.3x faster (the bench measured FA4 at 0.78 of the
+   plain call there, H100). Over the 702 cases: leave-one-out 0.960 / 0.950 against 0.959 / 0.949 (83.8% of calls at
+   >= 0.90 both), with the hidden call's cell hidden too 0.960 / 0.952 and 85.5% against 0.960 / 0.951 and 84.8%,
+   the table's own cases 0.993 / 0.993 against 0.992 / 0.991; the held-out validates of five sessions keep every
+   pick (docs/results/2026-12-06-dev-tune-cross-check-702-cases-blend-sum.json and its -hide-cell twin;
+   docs/results/2026-12-06-dev-rescore-5-validates-blend-sum.json).
 4. No table for the GPU's architecture, none of the call's cells, or only far points: the hand-written rows of
    runtime/priority.py decide, and the decision says which table point was too far. The opt-in autotune
    ($ATTNKIT_AUTOTUNE=1) measures such calls on the spot.
@@ -69,6 +78,9 @@ again on its direct route (15 cases, on an H100 of the same stack, 2026-12-06) t
 still the best of the 21 variants (docs/results/2026-12-06-dev-tune-cross-check-624-cases-varlen-refresh.json).
 On the 679 cases shipped since (the short packed cells measured, the crossover training cases at their newest
 timing) it scores 0.959 / 0.949, tied for the best (docs/results/2026-12-06-dev-tune-cross-check-679-cases-session16.json).
+On the 702 cases with the `wide` stage, the rule with the blend weighed by the sum of offsets scores 0.960 / 0.950,
+the best of the 27 variants scored in both leave-one-out forms that keeps every validate pick
+(docs/results/2026-12-06-dev-tune-cross-check-702-cases-blend-sum.json).
 """
 
 from __future__ import annotations
@@ -105,7 +117,7 @@ class Rule:
     step_cost: float = 0.0
     # > 0: the deciding cell's near points (distance <= 1) vote together instead of its nearest alone: each
     # backend scored by the weighted mean log of its score at each point (its worse-mode ratio to the fastest,
-    # averaged over the point's cases), a point weighted 1 / (blend + its distance); a backend a point did not
+    # averaged over the point's cases), a point weighted 1 / (blend + its blend_distance); a backend a point did not
     # time in all its cases counts BLEND_MISSING there (0: the nearest point's order alone, the rule until
     # 2026-12-05; 0.1-1.0 scored alike in leave-one-out)
     blend: float = 0.25
@@ -114,6 +126,10 @@ class Rule:
     # for packed calls), so that at one work and head dim a few long sequences (B1 S4096) and many short ones (B16
     # S1024) are told apart; points carry log2_seqlen since 2026-12-06 (0: not used, as before)
     far_seqlen_log2: float = 3.0
+    # the distance that weighs a near point's vote in the blend: "sum", the sum of its offsets, so that a point off
+    # in two features (work and sequence length, say) votes less than one off in a single one, or "max", the
+    # largest (rule 2's distance; the rule until 2026-12-06). Which points are near stays rule 2's
+    blend_distance: str = "sum"
 
     def __post_init__(self) -> None:
         if not (self.far_log2 > 0 and self.far_head_dim_log2 > 0):
@@ -124,6 +140,8 @@ class Rule:
             raise ValueError("Rule: blend must be >= 0")
         if not self.far_seqlen_log2 >= 0:
             raise ValueError("Rule: far_seqlen_log2 must be >= 0 (0: the sequence length is not used)")
+        if self.blend_distance not in ("max", "sum"):
+            raise ValueError("Rule: blend_distance must be 'max' or 'sum'")
         if not self.head_dim_up >= 1:
             raise ValueError("Rule: head_dim_up must be >= 1 (a smaller head dim counts as far or farther)")
         unknown = [r for r in self.relax if r not in ("kv", "causal", "dtype")]
@@ -299,6 +317,12 @@ def nearest(points: list[dict[str, Any]], head_dim: int, work: float, rule: Rule
                                       -p["head_dim"], -p["log2_work"]))
 
 
+def _blend_distance(point: dict[str, Any], head_dim: int, work: float, rule: Rule, seqlen: float | None) -> float:
+    """Rule.blend_distance: the distance that weighs a near point's vote."""
+    off = _offsets(point, head_dim, work, rule, seqlen)
+    return sum(off) if rule.blend_distance == "sum" else max(off)
+
+
 def _seqlen_off(point: dict[str, Any], seqlen: float | None) -> float:
     """|log2(seqlen) - log2(point's)|, 0 where either is unknown. Also nearest()'s tie-break before head dim and
     work: points of one work and head dim at other sequence lengths (merge keeps them apart) tie on everything else
@@ -364,8 +388,8 @@ def decide(call: AttentionCall, table: dict[str, Any], rule: Rule = RULE) -> Dec
         label += f" (timed on {', '.join(map(str, pt['gpus']))})"
     if rule.blend > 0 and not far:
         pool = table["cells"][k] + (table["cells"].get(sibling(k) or "", []) if rule.blend_sibling else [])
-        near = [(distance(p, hd, w, rule, sl), p) for p in pool]
-        near = [(d, p) for d, p in near if d <= 1.0 and p.get("scores")]
+        near = [(_blend_distance(p, hd, w, rule, sl), p) for p in pool
+                if distance(p, hd, w, rule, sl) <= 1.0 and p.get("scores")]
         if len(near) > 1 and pt.get("scores"):
             order = blended_order(near, rule.blend, pt["order"])
             return Decision("table", f"{label}, blended with {len(near) - 1} more near point(s)", order)
@@ -376,7 +400,7 @@ BLEND_MISSING = 3.0  # a backend a near point did not time counts this much slow
 
 
 def blended_order(near: list[tuple[float, dict[str, Any]]], blend: float, first: list[str]) -> tuple[str, ...]:
-    """Rule.blend: the backends scored at any of `near` (distance, point), by their weighted mean log score (the
+    """Rule.blend: the backends scored at any of `near` (blend distance, point), by their weighted mean log score (the
     weighted sum: every backend shares the weights, so it ranks alike); ties, and backends no near point scored,
     in the nearest point's order."""
     names = {n for _, p in near for n in p["scores"]}
