@@ -20,9 +20,9 @@ import torch
 from _probe import DEV, profiled_steps, write_report
 
 from attnkit.bench.candidates import Case
+from attnkit.bench.compiled import compiled_pair
 from attnkit.bench.shapes import named, suite
 from attnkit.bench.timer import warm_gpu
-from attnkit.runtime.attention import attention
 
 SHAPES = [("prefill Sq512 Sk4096 GQA 32/8 D128", "fwd"), ("window 1024 S4096 D128 causal", "fwdbwd")]
 STEPS, TOP = 20, 30
@@ -74,14 +74,7 @@ def one_shape(label: str, ps: str) -> dict[str, Any]:
     c = Case(s, DEV)
     grad = ps == "fwdbwd"
     c.call(grad)
-    kw = c.kw
-
-    def f(q: Any, k: Any, v: Any) -> Any:
-        return attention(q, k, v, **kw)
-
-    torch._dynamo.reset()
-    compiled = torch.compile(f, fullgraph=True)
-    plain_compiled = torch.compile(c.plain, fullgraph=True)
+    f, compiled, plain_compiled = compiled_pair(c)
     fns = {"eager": lambda: f(c.q, c.k, c.v), "compiled": lambda: compiled(c.q, c.k, c.v),
            "plain_eager": lambda: c.plain(c.q, c.k, c.v), "plain_compiled": lambda: plain_compiled(c.q, c.k, c.v)}
     if grad:

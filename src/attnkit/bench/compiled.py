@@ -106,23 +106,31 @@ def replay_counts(fn: Any, calls: int = 5) -> dict[str, int]:
     return {k: v - before.get(k, 0) for k, v in fa4_replay.STATS.items() if v != before.get(k, 0)}
 
 
-def compare(s: Shape, device: str = "cuda", iters: int = 10, rounds: int = 4) -> dict[str, Any]:
-    """One shape: eager and compiled raced side by side; outputs compared (kernels listed on CUDA)."""
+def compiled_pair(c: Case) -> tuple[Any, Any, Any]:
+    """attention() with the case's options, that call compiled (fullgraph), and the plain SDPA call compiled, after a
+    dynamo reset: the candidates a compiled-against-eager comparison starts from."""
     import torch
 
     from attnkit.runtime.attention import attention
-    from attnkit.runtime.probe import probe
-    from attnkit.runtime.select import select
 
-    c = Case(s, device)
     kw = c.kw
 
     def f(q: Any, k: Any, v: Any) -> Any:
         return attention(q, k, v, **kw)
 
     torch._dynamo.reset()
-    compiled = torch.compile(f, fullgraph=True)
-    plain_compiled = torch.compile(c.plain, fullgraph=True)
+    return f, torch.compile(f, fullgraph=True), torch.compile(c.plain, fullgraph=True)
+
+
+def compare(s: Shape, device: str = "cuda", iters: int = 10, rounds: int = 4) -> dict[str, Any]:
+    """One shape: eager and compiled raced side by side; outputs compared (kernels listed on CUDA)."""
+    import torch
+
+    from attnkit.runtime.probe import probe
+    from attnkit.runtime.select import select
+
+    c = Case(s, device)
+    f, compiled, plain_compiled = compiled_pair(c)
     # CUDA graphs (the compile issue's item 4): the same graph replayed, which takes the host out of the call
     graphed = torch.compile(f, fullgraph=True, mode="reduce-overhead") if device == "cuda" else None
     row: dict[str, Any] = {"shape": s.label, "eager_pick": {}, "compile_s": {}, "ms": {}, "ratio": {},
