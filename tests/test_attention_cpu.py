@@ -224,6 +224,58 @@ def test_forced_kernel_pays_the_context_only_when_torch_would_pick_another(monke
     assert len(entered) == 1
 
 
+@pytest.mark.parametrize("eligible", [True, False])
+def test_forced_kernel_calls_its_op_directly_where_torchs_eligibility_check_passes(monkeypatch, eligible):
+    """sdpa_cudnn forced where torch would pick flash: with torch's own check for cuDNN passing, the runner is
+    the cuDNN op called directly (no sdpa_kernel context); with it failing, the context stays."""
+    import torch.backends.cuda as tbc
+    import torch.nn.attention as tna
+    from torch.nn.attention import SDPBackend
+
+    from attnkit.runtime.backends import REGISTRY, _sdpa
+    from attnkit.runtime.call import Inputs
+
+    checked: list = []
+    monkeypatch.setattr(tbc, "can_use_cudnn_attention", lambda params, debug: checked.append(params) or eligible)
+    backend = REGISTRY["sdpa_cudnn"]
+    monkeypatch.setattr(type(backend), "_torch_pick", lambda *a: int(SDPBackend.FLASH_ATTENTION))
+
+    def direct_op(q, k, v):
+        return q
+
+    asked: list = []
+    monkeypatch.setattr(_sdpa, "_direct", lambda picked, *a: asked.append(picked) or direct_op)
+    entered: list = []
+    real = tna.sdpa_kernel
+    monkeypatch.setattr(tna, "sdpa_kernel", lambda *a, **kw: entered.append(a[0]) or real(*a, **kw))
+    q = torch.randn(1, 8, 2, 16)
+    call, params = Inputs(q, q, q, causal=True).prepare()
+    runner = backend.bind(call, params, q, q, q)
+    assert len(checked) == 1  # torch's SDPAParams took this torch's arguments: the check really ran
+    assert (runner is direct_op) is eligible
+    assert asked == ([int(SDPBackend.CUDNN_ATTENTION)] if eligible else [])
+    if not eligible:  # the context's runner (it cannot run cuDNN on a CPU: the context is seen entered)
+        with pytest.raises(RuntimeError):
+            runner(q, q, q)
+        assert runner.__name__ == "forced" and entered == [[SDPBackend.CUDNN_ATTENTION]]
+
+
+def test_forced_kernel_with_a_mask_keeps_the_context(monkeypatch):
+    """A window's mask is not what the direct ops take: the eligibility check is not even asked."""
+    import torch.backends.cuda as tbc
+    from torch.nn.attention import SDPBackend
+
+    from attnkit.runtime.backends import REGISTRY
+    from attnkit.runtime.call import Inputs
+
+    monkeypatch.setattr(tbc, "can_use_cudnn_attention", lambda *a: pytest.fail("asked with a mask"))
+    backend = REGISTRY["sdpa_cudnn"]
+    monkeypatch.setattr(type(backend), "_torch_pick", lambda *a: int(SDPBackend.FLASH_ATTENTION))
+    q = torch.randn(1, 8, 2, 16)
+    call, params = Inputs(q, q, q, causal=True, window=(2, 0)).prepare()
+    assert backend.bind(call, params, q, q, q).__name__ == "forced"
+
+
 def test_decode_causal_is_no_mask_and_window_under_causal_keeps_its_left_side():
     from attnkit.runtime.call import Inputs
 

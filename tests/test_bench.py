@@ -114,6 +114,46 @@ def test_quick_bench_report(tmp_path):
     assert d["bound_backend"] == d["backend"] and isinstance(d["bound_overhead_us"], float)
 
 
+def test_bench_resumes_a_report_cut_short_and_refuses_another_machines(tmp_path, capsys):
+    """A run stopped by a time limit leaves the shapes it finished; --resume keeps them as they were and times the
+    suite's others. A report from another torch, or with a shape the suite no longer has, is one line."""
+    from attnkit.cli import main
+
+    out = tmp_path / "bench.json"
+    first, second = (s.label for s in shapes.suite(quick=True)[:2])
+    assert run.run_bench(str(out), quick=True, png=False, only=[first]) == 0
+    earlier = json.loads(out.read_text())
+    assert main(["bench", "--quick", "--no-png", "--shape", first, "--shape", second, "--out", str(out),
+                 "--resume"]) == 0
+    r = json.loads(out.read_text())
+    assert [s["label"] for s in r["shapes"]] == [first, second]
+    assert r["shapes"][0] == earlier["shapes"][0]  # kept, not timed again
+    assert r["environment"]["sessions"] == [earlier["environment"]["date"], r["environment"]["date"]]
+    capsys.readouterr()
+    for edit, message in ((lambda d: d["environment"]["probe"]["torch"].update(version="0.0"), "measured with torch"),
+                          (lambda d: d["shapes"][0].update(label="gone"), "shape 'gone' is not one of"),
+                          (lambda d: d["shapes"].append(d["shapes"][0]), "a shape appears twice"),
+                          (lambda d: d["shapes"][0].pop("ms"), "not an `attnkit bench --out` report")):
+        bad = json.loads(json.dumps(earlier))
+        edit(bad)
+        out.write_text(json.dumps(bad))
+        assert main(["bench", "--quick", "--no-png", "--out", str(out), "--resume"]) == 2
+        err = capsys.readouterr().err
+        assert message in err and f"--resume: {out}" in err and "Traceback" not in err, err
+        assert json.loads(out.read_text()) == bad  # nothing written over the report
+    assert main(["bench", "--quick", "--resume"]) == 2
+    assert "--resume: it needs --out" in capsys.readouterr().err
+
+
+def test_sample_counts_follow_the_fastest_candidates_time():
+    """Back to back: ~4 ms a sample, never fewer than 20 calls (the first call's host latency is spread over
+    them) nor more than 200; with a sync per call: more samples for short calls, within [base, 10 x base]."""
+    from attnkit.bench.timer import b2b_calls, sync_iters
+
+    assert [b2b_calls(t) for t in (5e-3, 1.5e-3, 1e-4, 1e-5, 0.0)] == [20, 20, 40, 200, 200]
+    assert [sync_iters(t, 12) for t in (1.0, 4e-3, 1e-3, 1e-4, 0.0)] == [12, 12, 50, 120, 120]
+
+
 def test_bench_rejects_an_unknown_shape(capsys):
     from attnkit.cli import main
 

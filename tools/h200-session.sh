@@ -18,7 +18,11 @@
 #             src/ copied to $S/src, then `job` started under setsid; then as `wait`. TUNE_FROM=FILE resumes
 #             an earlier session's sweep (docs/results/*-h200-tune-*.jsonl); ORACLE_RESUME=FILE an earlier
 #             oracle report (the grid's passes run what it left, merged with it); SMOKE_ONLY="--backend ..." the
-#             smoke's rows for those backends only (one process); WHL_DIR a smaller wheel folder than .whl to carry
+#             smoke's rows for those backends only (one process); WHL_DIR a smaller wheel folder than .whl to carry.
+#             On a machine still warm from an earlier `start` (its results fetched by `wait`), `start` again needs no
+#             carry: the install is skipped and $S/ak-cache (FA4's and flex's compiled kernels) kept, so e.g.
+#             ORDER=bench BENCH_RESUME=... compiles nothing again. A bare `python3 -m attnkit.cli ...` there does
+#             not see that cache (2026-12-06: such a bench spent its 190 s compiling FA4)
 #   wait [S]  every later call (no carry): up to S seconds (default 540) for the job to end, then its results
 #             packed into $OUT/results.tar.gz (one file: $OUT brings back 8 at most) and its log printed.
 #             REFRESH=1 first copies this call's src/ to $S/src: phases not yet started run the fixed code
@@ -48,7 +52,8 @@
 #               (tools/probe-cudnn-guard-forms.py, GUARDPROF_S s); dispatch: attention()'s host us per call over
 #               the plain call on a tiny shape, three repeats (DISPATCH_S s); compstack: compiled attention()'s
 #               host time by Python frame (tools/probe-compiled-host-stack.py, COMPSTACK_S s); bench: `attnkit
-#               bench` (BENCH_S s; BENCH_SHAPES="label;label" its suite shapes by label);
+#               bench` (BENCH_S s; BENCH_SHAPES="label;label" its suite shapes by label; BENCH_RESUME=FILE an
+#               earlier session's report cut short, continued with --resume: same machine kind only);
 #             tune: (TUNE_MATCH=REGEX: only the plan's cases whose label it finds, `tune --match`, timed and
 #               compiled; the held-out shapes are compiled all the same, for validate) the plan's JIT kernels (FA4, flex) and the held-out shapes' compiled by SHARDS CPU shards
 #               (TUNE_COMPILE s), the timed sweep alone on the GPU over what they compiled (TUNE_BUDGET s;
@@ -93,11 +98,12 @@ checks() {
   if [ -z "$groups" ] || [ -z "$others" ]; then phase "smoke split: listing failed, one process"; groups=; others=" "; fi
   if [ -n "${SMOKE_ONLY:-}" ]; then groups=; others=$SMOKE_ONLY; fi   # e.g. "--backend attnkit-compiled": those rows only
   if [ "${SMOKE_ONLY:-}" = none ]; then groups=; others=; phase "skipped: smoke (SMOKE_ONLY=none)"; fi
-  # SMOKE_SPLIT=BACKEND: that backend's rows alone, split by case over the 3 processes (flex's by default)
+  # SMOKE_SPLIT=BACKEND: that backend's rows alone, split by case over the 3 processes (flex's by default);
+  # with SMOKE_EXTRA, those backends' rows beside them
   local split=${SMOKE_SPLIT:-flex}
   if [ -n "${SMOKE_SPLIT:-}" ]; then
     if [ -n "${SMOKE_ONLY:-}" ] && [ "$SMOKE_ONLY" != none ]; then phase "skipped: SMOKE_SPLIT (SMOKE_ONLY is set: its rows run, in one process)"
-    else others=; fi
+    else others=${SMOKE_EXTRA:-}; fi   # SMOKE_EXTRA="--backend X ...": those rows too, in a 4th process
   fi
   j=0
   for g in $groups; do   # flex compiles: 4 inductor threads each, beside the oracle's SHARDS single-threaded shards
@@ -253,8 +259,10 @@ bench() {
       [ -n "$label" ] && shapes+=(--shape "$label")
     done
   fi
-  phase "bench ($(( ${#shapes[@]} / 2 )) shapes; none: the whole suite)"
-  timeout -k 15 "$BENCH_S" $ak bench --out "$R/bench.json" "${shapes[@]}" > "$R/bench.log" 2>&1
+  local resume=()   # BENCH_RESUME=<an earlier session's report cut short, in the tree>: its shapes kept (--resume)
+  if [ -n "${BENCH_RESUME:-}" ]; then cp "$BENCH_RESUME" "$R/bench.json" && resume=(--resume); fi
+  phase "bench ($(( ${#shapes[@]} / 2 )) shapes; none: the whole suite${BENCH_RESUME:+; resuming $BENCH_RESUME})"
+  timeout -k 15 "$BENCH_S" $ak bench --out "$R/bench.json" "${shapes[@]}" "${resume[@]}" > "$R/bench.log" 2>&1
   phase "bench rc=$?"
 }
 # attention()'s host time per call over the plain SDPA call on a tiny shape (issue 22: <= 3 us), three repeats

@@ -17,7 +17,7 @@ from typing import Any
 from attnkit._io import write_atomic
 from attnkit.bench.candidates import PLAIN, Case
 from attnkit.bench.shapes import Shape, named, suite
-from attnkit.bench.timer import interleaved, warm, warm_gpu
+from attnkit.bench.timer import b2b_calls, interleaved, sync_iters, warm, warm_gpu
 from attnkit.errors import UsageError, first_line
 
 KERNEL_WORDS = ("attn", "fmha", "flash", "cudnn", "sdpa", "sm90", "flex", "triton")
@@ -122,7 +122,7 @@ def compiled_pair(c: Case) -> tuple[Any, Any, Any]:
     return f, torch.compile(f, fullgraph=True), torch.compile(c.plain, fullgraph=True)
 
 
-def compare(s: Shape, device: str = "cuda", iters: int = 10, rounds: int = 4) -> dict[str, Any]:
+def compare(s: Shape, device: str = "cuda", iters: int = 15, rounds: int = 6) -> dict[str, Any]:
     """One shape: eager and compiled raced side by side; outputs compared (kernels listed on CUDA)."""
     import torch
 
@@ -177,8 +177,8 @@ def compare(s: Shape, device: str = "cuda", iters: int = 10, rounds: int = 4) ->
                     row.setdefault("cudagraphs_errors", {})[ps] = f"{type(e).__name__}: {first_line(e)}"
                     del fns["cudagraphs"]
             one = interleaved(fns, device, iters=2)
-            calls = max(3, min(200, int(4e-3 / max(1e-6, min(one.values())))))
-            sync = interleaved(fns, device, iters=iters, seed=1)
+            calls = b2b_calls(min(one.values()))
+            sync = interleaved(fns, device, iters=sync_iters(min(one.values()), iters), seed=1)
             b2b = interleaved(fns, device, iters=rounds, calls=calls, seed=2)
             if device == "cuda":
                 try:  # a diagnosis beside the timings: a profiler failure must not cost the shape its row

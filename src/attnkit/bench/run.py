@@ -17,7 +17,8 @@ from attnkit._io import write_atomic
 from attnkit.bench.candidates import AUTO, JIT_WARM_CALLS, PLAIN, Case, compiles
 from attnkit.bench.numerics import BENCH_TOL, max_error
 from attnkit.bench.shapes import Shape, attn_flops, named, suite
-from attnkit.bench.timer import interleaved, sync, warm, warm_gpu
+from attnkit.bench.timer import b2b_calls, interleaved, sync, sync_iters, warm, warm_gpu
+from attnkit.errors import UsageError, first_line
 from attnkit.runtime import table
 
 TARGET_ORACLE = 0.97
@@ -90,17 +91,18 @@ def bench_shape(s: Shape, device: str, iters: int = 15, rounds: int = 5, backend
             lap("check")
             t_one = interleaved(runs, device, iters=2)
             fastest = min(t_one.values(), default=1e-6)
-            calls = max(3, min(200, int(4e-3 / max(1e-6, fastest))))
+            calls = b2b_calls(fastest)
             slow = {n for n, t in t_one.items() if prune and t > prune * fastest}
             timed = {n: fn for n, fn in runs.items() if n not in slow}
             lap("first_calls")
-            sync = interleaved(timed, device, iters=iters, seed=1)
+            sync = interleaved(timed, device, iters=sync_iters(fastest, iters), seed=1)
             lap("sync")
             b2b = interleaved(timed, device, iters=rounds, calls=calls, seed=2)
             lap("b2b")
             if confirm and AUTO in timed:
                 out.setdefault("confirmed", {})[ps] = _head_to_head(timed, device, {"sync": sync, "b2b": b2b},
-                                                                    iters * confirm, rounds * confirm, calls)
+                                                                    sync_iters(fastest, iters) * confirm,
+                                                                    rounds * confirm, calls)
                 lap("confirm")
         # where a case's seconds go (the sweep's throughput decides how much of its plan a session measures)
         out.setdefault("step_seconds", {})[ps] = {k: round(v, 3) for k, v in steps.items()}
@@ -110,6 +112,7 @@ def bench_shape(s: Shape, device: str, iters: int = 15, rounds: int = 5, backend
             else:
                 out["ms"].setdefault(n, {})[ps] = {"sync": sync[n] * 1e3, "b2b": b2b[n] * 1e3}
         out.setdefault("b2b_calls", {})[ps] = calls
+        out.setdefault("sync_iters", {})[ps] = sync_iters(fastest, iters)
     out["selected"] = out["selected_by_pass"][passes[-1]]
     out["jit_warmed"] = bool(prune)  # the sweep's JIT backends warmed before pruning (tune.cold_pruned)
     if prune:  # how often: tune.unsteady_pruned trusts a pruned JIT time only after JIT_WARM_CALLS
@@ -253,6 +256,54 @@ def environment() -> dict[str, Any]:
     return {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "probe": p.to_dict()}
 
 
+def machine(env: dict[str, Any]) -> dict[str, Any]:
+    """What makes two reports' times comparable: the GPUs, driver, torch and attention libraries they ran with."""
+    p = env["probe"]
+    return {"gpus": [g.get("name") for g in p.get("gpus") or []], "driver": p.get("driver"),
+            "torch": (p.get("torch") or {}).get("version"),
+            "libraries": {lib["name"]: lib.get("version") for lib in p.get("libraries") or [] if lib.get("installed")}}
+
+
+def same_params(params: Any, s: Shape) -> bool:
+    """A report row's recorded shape parameters are `s`'s as the code gives it now (JSON turns tuples into lists,
+    so both sides go through it)."""
+    return bool(json.loads(json.dumps(params, default=str)) == json.loads(json.dumps(asdict(s), default=str)))
+
+
+def resumed_rows(path: Path, env: dict[str, Any], known: dict[str, Shape], *, what: str, bad: str,
+                 row_ok: Callable[[dict[str, Any]], bool], label_key: str, params_key: str,
+                 shape_set: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """The rows of an earlier report that a time limit cut short (`--resume`), and the dates of its sessions: only
+    when it was measured on this machine (`machine`), every row passes `row_ok` and is one of `known` with the
+    parameters it has now, none twice. Anything else is one line naming the file: one report's ratios come from
+    one machine and one shape set."""
+    where = f"--resume: {path}"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        rows, earlier = data["shapes"], data["environment"]
+        ok = isinstance(rows, list) and all(isinstance(r, dict) and isinstance(r[label_key], str) and row_ok(r)
+                                            for r in rows)
+        mine, theirs = machine(env), machine(earlier)
+        sessions = earlier.get("sessions", [earlier["date"]])
+        ok = ok and isinstance(sessions, list) and all(isinstance(d, str) for d in sessions)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise UsageError(f"{where}: not an {what} report ({type(exc).__name__}: {first_line(exc, 80)})") from None
+    if not ok:
+        raise UsageError(f"{where}: not an {what} report ({bad}, or sessions that are not dates)")
+    diff = next((k for k in ("gpus", "driver", "torch", "libraries") if mine[k] != theirs[k]), None)
+    if diff is not None:
+        raise UsageError(f"{where}: measured with {diff} {theirs[diff]}, this run has {mine[diff]}: one report's "
+                         "ratios come from one machine; write a new --out")
+    labels = [r[label_key] for r in rows]
+    for r, label in zip(rows, labels, strict=True):
+        if label not in known or not same_params(r.get(params_key), known[label]):
+            raise UsageError(f"{where}: shape {label[:60]!r} is not one of {shape_set} with the parameters it has "
+                             "now (a report of another set or attnkit version): write a new --out")
+    if len(set(labels)) != len(labels):
+        raise UsageError(f"{where}: a shape appears twice (not a report this command wrote)")
+    return rows, sessions
+
+
 def summarize(shapes: list[dict[str, Any]]) -> dict[str, Any]:
     """Minimums, the geometric mean over FA4/varlen shapes, and every shape below a target with its numbers."""
     summary: dict[str, Any] = {"targets": {"selected_over_oracle": TARGET_ORACLE,
@@ -281,7 +332,19 @@ def summarize(shapes: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
-def run_bench(out: str | None = None, quick: bool = False, png: bool = True, only: list[str] | None = None) -> int:
+def bench_resumed(out: Path, env: dict[str, Any], shapes: list[Shape]) -> tuple[list[dict[str, Any]], list[str]]:
+    """An earlier `attnkit bench --out` report cut by a time limit: its shapes, kept (resumed_rows' checks)."""
+    return resumed_rows(
+        out, env, {s.label: s for s in shapes}, what="`attnkit bench --out`",
+        bad="a shape without its times and ratios",
+        row_ok=lambda r: isinstance(r["ms"], dict) and isinstance(r["ratios"], dict) and isinstance(r["shape"], dict),
+        label_key="label", params_key="shape", shape_set="this run's bench shapes")
+
+
+def run_bench(out: str | None = None, quick: bool = False, png: bool = True, only: list[str] | None = None,
+              resume: bool = False) -> int:
+    """`resume`: `out` is an earlier run's report, cut short (a device's time limit): its shapes are kept, the
+    suite's others timed and added (2026-12-06: the 31 shapes took 15 min on an H100, more than a 10 min command)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -295,6 +358,15 @@ def run_bench(out: str | None = None, quick: bool = False, png: bool = True, onl
     quick = quick or device == "cpu"
     shapes_to_run = named(suite(quick), only)
     con = Console(width=200)
+    env = environment()
+    results: list[dict[str, Any]] = []
+    if resume and out and Path(out).exists():  # read and checked before anything is timed
+        earlier, sessions = bench_resumed(Path(out), env, suite(quick))
+        env = {**env, "sessions": [*sessions, env["date"]]}  # the report's date is its latest session's
+        done = {r["label"] for r in earlier}
+        results.extend(earlier)
+        shapes_to_run = [s for s in shapes_to_run if s.label not in done]
+        con.print(f"bench: {len(done)} shapes kept from {out}, {len(shapes_to_run)} to time")
     if device == "cuda":
         warm_gpu()
     # host-side overhead first, before the big shapes leave the process with a large heap; 3 repeats (the
@@ -302,12 +374,13 @@ def run_bench(out: str | None = None, quick: bool = False, png: bool = True, onl
     repeats = sorted((dispatch_overhead(device, n=200 if quick else 2000) for _ in range(3)),
                      key=lambda r: r["overhead_us"])
     dispatch = {**repeats[1], "repeats_us": [round(r["overhead_us"], 3) for r in repeats]}
-    results: list[dict[str, Any]] = []
-    report: dict[str, Any] = {"environment": environment(), "device": device, "quick": quick, "shapes": results,
+    report: dict[str, Any] = {"environment": env, "device": device, "quick": quick, "shapes": results,
                               "dispatch": dispatch}
+    order = {s.label: i for i, s in enumerate(suite(quick))}
     for s in shapes_to_run:
         t0 = time.perf_counter()
         results.append(bench_shape(s, device, iters=5 if quick else 12, rounds=3 if quick else 4))
+        results.sort(key=lambda r: order.get(r["label"], len(order)))  # suite order, resumed shapes among them
         con.print(f"bench {s.label}: {time.perf_counter() - t0:.1f} s")
         if out:  # the report so far: a run cut short by a time limit still leaves every finished shape
             write_atomic(Path(out), json.dumps({**report, "partial": True}, indent=1, default=str))

@@ -67,6 +67,20 @@ def interleaved(runs: dict[str, Callable[[], Any]], device: str, iters: int, cal
     return {n: statistics.median(v) for n, v in samples.items()}
 
 
+def b2b_calls(fastest_s: float) -> int:
+    """Calls per back-to-back sample: ~4 ms of the fastest candidate, at least 20 (the issues' outside
+    measurement: 20 calls back to back) and at most 200. With 3 calls, a 1.5 ms call's sample carried a third
+    of its first call's host latency, which torch.compile's wrappers make 100-150 us longer (H100, 2026-12-06)."""
+    return max(20, min(200, int(4e-3 / max(1e-6, fastest_s))))
+
+
+def sync_iters(fastest_s: float, base: int) -> int:
+    """Samples per candidate with a sync per call: `base`, raised for short calls to ~50 ms of the fastest one
+    (at most 10x `base`). A 50-100 us call's synced time moved by 10-25% between candidates that run one kernel
+    on the same route (H100, 2026-12-06 bench: attnkit's own pick and the same backend forced), at 12 samples."""
+    return max(base, min(10 * base, int(0.05 / max(1e-6, fastest_s))))
+
+
 def median_seconds(run: Callable[[], Any], device: str, warmup: int = 2, iters: int = 5) -> float:
     """Median seconds of `run()` alone (a sync after each call), after `warmup` calls (JIT compiles)."""
     for _ in range(warmup):

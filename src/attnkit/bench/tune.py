@@ -37,7 +37,7 @@ from typing import Any
 
 from attnkit._io import write_atomic
 from attnkit.bench.candidates import AUTO, JIT_WARM_CALLS, PLAIN
-from attnkit.bench.run import bench_shape, environment, measuring_device
+from attnkit.bench.run import bench_shape, environment, machine, measuring_device, resumed_rows, same_params
 from attnkit.bench.shapes import Shape, mixed_lengths, varlen
 from attnkit.errors import UsageError, first_line, out_of_memory
 from attnkit.runtime.call import AttentionCall, normalise_mask
@@ -703,9 +703,9 @@ def _merge(files: list[Path], arch: str | None) -> dict[str, Any]:
     # cards timed on 2026-12-05, the backend fastest on the H100, run on the H200, took 0.998 of the H200's fastest
     # time's speed (geomean over 36 calls, min 0.954), where a neighbour cell standing in for a missing one scores
     # 0.955 (--hide-cell)
-    first = {**_machine(headers[0]["environment"]), "capability": _gpu_of(headers[0])[1], "gpus": None}
+    first = {**machine(headers[0]["environment"]), "capability": _gpu_of(headers[0])[1], "gpus": None}
     for f, h in header_files:
-        this = {**_machine(h["environment"]), "capability": _gpu_of(h)[1], "gpus": None}
+        this = {**machine(h["environment"]), "capability": _gpu_of(h)[1], "gpus": None}
         diff = next((k for k in ("capability", "driver", "torch", "libraries") if this[k] != first[k]), None)
         if diff is not None:
             raise UsageError(f"--merge: {f} (session {h['environment'].get('date')}): {diff} {this[diff]}, the first "
@@ -757,7 +757,7 @@ def _merge(files: list[Path], arch: str | None) -> dict[str, Any]:
         pts.sort(key=lambda p: (p["head_dim"], p["log2_work"], p["log2_seqlen"]))
     return {"schema": SCHEMA, "arch": arch, "generated_by": "attnkit tune --merge (do not edit by hand)",
             "provenance": {"date": max(h["environment"]["date"] for h in headers),
-                           "sessions": sorted({h["environment"]["date"] for h in headers}), **_machine(env),
+                           "sessions": sorted({h["environment"]["date"] for h in headers}), **machine(env),
                            **({"passes_per_gpu": dict(sorted(count.items()))} if len(count) > 1 else {}),
                            "grid": headers[0]["grid"],
                            "shards": sorted({h["shard"] for h in headers}), "cases": len(results)},
@@ -995,13 +995,6 @@ def _cross_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "min_worse_mode": round(min(worst), 4)}
 
 
-def _machine(env: dict[str, Any]) -> dict[str, Any]:
-    p = env["probe"]
-    return {"gpus": [g.get("name") for g in p.get("gpus") or []], "driver": p.get("driver"),
-            "torch": (p.get("torch") or {}).get("version"),
-            "libraries": {lib["name"]: lib.get("version") for lib in p.get("libraries") or [] if lib.get("installed")}}
-
-
 # -- held-out validation ---------------------------------------------------------------------------------------
 
 def validation_shapes(quick: bool) -> list[Shape]:
@@ -1074,47 +1067,17 @@ def validate(out: Path | None, quick: bool = False, say: Any = print, resume: bo
     return _validation_report(rows, env, device)
 
 
-def _same_params(params: Any, s: Shape) -> bool:
-    """A report row's recorded `params` are the shape's as validation_shapes gives it now (JSON turns tuples into
-    lists, so both sides go through it)."""
-    return bool(json.loads(json.dumps(params, default=str)) == json.loads(json.dumps(asdict(s), default=str)))
-
-
 def validation_resumed(out: Path, env: dict[str, Any], quick: bool) -> tuple[list[dict[str, Any]], list[str]]:
-    """The rows of an earlier --validate report and the dates of its sessions, when it was measured on this GPU
-    with this driver, torch and libraries, on the same shape set as this run (`quick`), each shape with the
-    parameters validation_shapes gives it now: the ratios of one report come from one machine."""
-    where = f"--resume: {out}"
-    known = {s.label: s for s in validation_shapes(quick)}
-    try:
-        data = json.loads(out.read_text(encoding="utf-8"))
-        rows, earlier = data["shapes"], data["environment"]
-        labels = [r["shape"] for r in rows]
-        ok = all(isinstance(r, dict) and isinstance(r["shape"], str) and isinstance(r["ratios"], dict)
-                 and isinstance(r["ms"], dict)
-                 and all(isinstance(x, dict) and _positive(x["selected_over_oracle"]) for x in r["ratios"].values())
-                 for r in rows)
-        mine, theirs = _machine(env), _machine(earlier)
-        sessions = earlier.get("sessions", [earlier["date"]])
-        ok = ok and isinstance(sessions, list) and all(isinstance(d, str) for d in sessions)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-        raise UsageError(f"{where}: not an `attnkit tune --validate --out` report ({type(exc).__name__}: "
-                         f"{first_line(exc, 80)})") from None
-    if not (isinstance(rows, list) and ok):
-        raise UsageError(f"{where}: not an `attnkit tune --validate --out` report (a shape without its ratios and "
-                         "times, a ratio that is not a number > 0, or sessions that are not dates)")
-    diff = next((k for k in ("gpus", "driver", "torch", "libraries") if mine[k] != theirs[k]), None)
-    if diff is not None:
-        raise UsageError(f"{where}: measured with {diff} {theirs[diff]}, this run has {mine[diff]}: one report's "
-                         "ratios come from one machine; write a new --out")
-    for r, label in zip(rows, labels, strict=True):
-        if label not in known or not _same_params(r.get("params"), known[label]):
-            raise UsageError(f"{where}: shape {label[:60]!r} is not one of this run's validation shapes with the "
-                             f"parameters it has now ({'--quick' if quick else 'the full set'}; a report of another "
-                             "set or attnkit version): write a new --out")
-    if len(set(labels)) != len(labels):
-        raise UsageError(f"{where}: a shape appears twice (not a report --validate wrote)")
-    return rows, sessions
+    """The rows of an earlier --validate report and the dates of its sessions (run.resumed_rows: the same GPU,
+    driver, torch and libraries, the same shape set as this run (`quick`), each shape with its parameters now)."""
+    return resumed_rows(
+        out, env, {s.label: s for s in validation_shapes(quick)}, what="`attnkit tune --validate --out`",
+        bad="a shape without its ratios and times, a ratio that is not a number > 0",
+        row_ok=lambda r: (isinstance(r["ratios"], dict) and isinstance(r["ms"], dict)
+                          and all(isinstance(x, dict) and _positive(x["selected_over_oracle"])
+                                  for x in r["ratios"].values())),
+        label_key="shape", params_key="params",
+        shape_set=f"this run's validation shapes ({'--quick' if quick else 'the full set'})")
 
 
 def rescore(report: Path) -> dict[str, Any]:
@@ -1161,7 +1124,7 @@ def _rescore_rows(rows: list[dict[str, Any]], cap: tuple[int, ...] | None, where
         if s is None:
             raise UsageError(f"{where}: shape {str(row.get('shape'))[:60]!r} is not one of tune.validation_shapes "
                              "(a report from another attnkit version)")
-        if "params" in row and not _same_params(row["params"], s):
+        if "params" in row and not same_params(row["params"], s):
             raise UsageError(f"{where}: shape {s.label[:60]!r} was measured with other parameters than "
                              "tune.validation_shapes gives it now (a report from another attnkit version)")
         wrong = set(row.get("wrong", []))  # bench_shape's forward check: those were not timed in either pass

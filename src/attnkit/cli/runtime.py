@@ -20,6 +20,8 @@ def _cmd_doctor(a: argparse.Namespace) -> int:
 
 
 def _cmd_bench(a: argparse.Namespace) -> int:
+    if a.resume and (a.integrations or a.compiled):
+        raise UsageError("--resume: continues the bench suite's report only (not --compiled or --integrations)")
     if a.integrations:  # the HF training step, kernels in a compiled graph, CUDA-graph decode: its own options
         from attnkit.bench.integrations import main as integrations
 
@@ -38,7 +40,9 @@ def _cmd_bench(a: argparse.Namespace) -> int:
         return run_compiled(a.out, only=a.shape)
     from attnkit.bench.run import run_bench
 
-    return run_bench(out=a.out, quick=a.quick, png=a.png, only=a.shape)
+    if a.resume and not a.out:
+        raise UsageError("--resume: it needs --out (the earlier report to continue)")
+    return run_bench(out=a.out, quick=a.quick, png=a.png, only=a.shape, resume=a.resume)
 
 
 def _cmd_smoke(a: argparse.Namespace) -> int:
@@ -246,6 +250,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     be.add_argument("--quick", action="store_true", help="a small suite (CPU sanity runs)")
     be.add_argument("--no-png", dest="png", action="store_false", help="write no PNG chart beside the report")
     be.add_argument("--shape", action="append", help="only this shape of the suite (by label; repeatable)")
+    be.add_argument("--resume", action="store_true", help="--out is an earlier run's report, cut short: keep its "
+                    "shapes, time the suite's others (same GPU, driver, torch and libraries only)")
     be.add_argument("--compiled", action="store_true", help="instead: torch.compile(fullgraph=True) of attention() "
                     "against eager, per shape whose eager pick is FlashAttention-4 or flex (or --shape), on a GPU")
     be.add_argument("--integrations", action="store_true", help="instead: an HF training step, the kernels in a "

@@ -7,8 +7,10 @@ kernel supports it, otherwise through an explicit mask from `layout.allowed_mask
 
 The route to the kernel is decided once per call signature, never per call: a forced sub-backend calls
 F.scaled_dot_product_attention plainly (the very call a user writes) when torch's own choice for this call
-already is that kernel (`torch._fused_sdp_choice`, asked at bind time); only when it is not does the runner
-pay for the `sdpa_kernel` context, which costs ~20 us per call (timeit on the 2-core dev machine, torch 2.13 CPU: 35 vs 15 us).
+already is that kernel (`torch._fused_sdp_choice`, asked at bind time). When it is not, a call with no mask
+whose forced kernel passes torch's own eligibility check (`torch.backends.cuda.can_use_cudnn_attention` /
+`can_use_flash_attention`) calls that kernel's op directly; only the rest pay for the `sdpa_kernel` context,
+which costs ~20 us per call (timeit on the 2-core dev machine, torch 2.13 CPU: 35 vs 15 us).
 """
 
 from __future__ import annotations
@@ -191,14 +193,19 @@ class SdpaBackend(Backend):
         # in a graph the host-time shortcuts buy nothing, and torch's pick is made when the graph is traced
         picked = None if bias_object or call.trace else self._torch_pick(q, k, v, call, kw)
         wanted = None if self.sdp_name is None else int(_sdp_backend(self.sdp_name))
+        as_given = not (idx_q is not None or expand or empty is not None or "attn_mask" in kw)
         if picked is not None and wanted in (None, picked):
-            if not (idx_q is not None or expand or empty is not None or "attn_mask" in kw):
+            if as_given:
                 direct = _direct(picked, kw, call, guard)
                 if direct is not None:
                     return direct
             return run
         if wanted is None:
             return run
+        if picked is not None and as_given and self._torch_accepts(q, k, v, kw):
+            direct = _direct(wanted, kw, call, guard)  # the forced kernel's op, without the context's ~10-20 us
+            if direct is not None:
+                return direct
         return self._forced(run)
 
     def _forced(self, run: Runner) -> Runner:
@@ -211,6 +218,24 @@ class SdpaBackend(Backend):
             with sdpa_kernel(chosen):
                 return run(q, k, v)
         return forced
+
+    def _torch_accepts(self, q: Any, k: Any, v: Any, kw: dict[str, Any]) -> bool:
+        """Does torch's own eligibility check for the forced kernel (`torch.backends.cuda.can_use_*`, the check
+        `sdpa_kernel([it])` would make) pass for this call? Only then may its op be called directly: outside
+        that check a kernel may not refuse an input it cannot handle. False where this torch has no such check."""
+        import torch
+
+        cuda = torch.backends.cuda
+        check = getattr(cuda, _CAN_USE.get(self.sdp_name or "", ""), None)
+        params = getattr(cuda, "SDPAParams", None)
+        if check is None or params is None:
+            return False
+        try:
+            return bool(check(params(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None,
+                                     kw.get("dropout_p", 0.0), kw.get("is_causal", False),
+                                     kw.get("enable_gqa", False)), False))
+        except Exception:  # an older torch's SDPAParams signature: no shortcut
+            return False
 
     def _torch_pick(self, q: Any, k: Any, v: Any, call: AttentionCall, kw: dict[str, Any]) -> int | None:
         """The kernel a plain F.scaled_dot_product_attention call would run for this call (None: unknown)."""
@@ -226,6 +251,10 @@ class SdpaBackend(Backend):
                               enable_gqa=kw.get("enable_gqa", False)))
         except Exception:  # an older torch's signature, or an input it rejects: no shortcut
             return None
+
+
+# torch's eligibility check per kernel that _direct can call (torch.backends.cuda, torch >= 2.5)
+_CAN_USE = {"CUDNN_ATTENTION": "can_use_cudnn_attention", "FLASH_ATTENTION": "can_use_flash_attention"}
 
 
 def _direct(picked: int, kw: dict[str, Any], call: AttentionCall, guard: bool) -> Runner | None:
