@@ -121,13 +121,14 @@ def test_bench_resumes_a_report_cut_short_and_refuses_another_machines(tmp_path,
 
     out = tmp_path / "bench.json"
     first, second = (s.label for s in shapes.suite(quick=True)[:2])
-    assert run.run_bench(str(out), quick=True, png=False, only=[first]) == 0
+    assert run.run_bench(str(out), quick=True, png=False, only=[second]) == 0
     earlier = json.loads(out.read_text())
     assert main(["bench", "--quick", "--no-png", "--shape", first, "--shape", second, "--out", str(out),
                  "--resume"]) == 0
     r = json.loads(out.read_text())
-    assert [s["label"] for s in r["shapes"]] == [first, second]
-    assert r["shapes"][0] == earlier["shapes"][0]  # kept, not timed again
+    assert [s["label"] for s in r["shapes"]] == [first, second]  # the suite's order, the kept shape among them
+    assert r["shapes"][1] == earlier["shapes"][0]  # kept, not timed again
+    assert "sync_iters" in r["shapes"][0] and r["shapes"][0]["ms"]
     assert r["environment"]["sessions"] == [earlier["environment"]["date"], r["environment"]["date"]]
     capsys.readouterr()
     for edit, message in ((lambda d: d["environment"]["probe"]["torch"].update(version="0.0"), "measured with torch"),
@@ -143,6 +144,8 @@ def test_bench_resumes_a_report_cut_short_and_refuses_another_machines(tmp_path,
         assert json.loads(out.read_text()) == bad  # nothing written over the report
     assert main(["bench", "--quick", "--resume"]) == 2
     assert "--resume: it needs --out" in capsys.readouterr().err
+    assert main(["bench", "--compiled", "--out", str(out), "--resume"]) == 2
+    assert "--resume: continues the bench suite's report only" in capsys.readouterr().err
 
 
 def test_sample_counts_follow_the_fastest_candidates_time():

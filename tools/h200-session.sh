@@ -31,7 +31,8 @@
 #             failure is logged, the next one runs):
 #             checks: smoke (beside the oracle, at most SMOKE_S s: the phases after it wait for it, and on an H100
 #               on 2026-12-06 attention()'s own and compiled rows were still running after 6 min; SMOKE_ONLY=none leaves it out, SMOKE_SPLIT=attnkit runs only
-#               attention()'s own rows, in 3 processes); oracle: flash-attn's grid in SHARDS
+#               attention()'s own rows, in 3 processes, and SMOKE_EXTRA="--backend X ..." those backends' rows
+#               beside them in a 4th; SMOKE_ONLY leaves both out); oracle: flash-attn's grid in SHARDS
 #               processes side by side (16 on a card over 100 GB, else 8), the own pick over the whole grid (ORACLE_OWN s), then every backend forced
 #               (ORACLE_FORCED s; 0 leaves it out), merged;
 #             hf: the HF training step eager and compiled (HF_S s); compiled: bench --compiled (COMPILED_S s);
@@ -260,7 +261,10 @@ bench() {
     done
   fi
   local resume=()   # BENCH_RESUME=<an earlier session's report cut short, in the tree>: its shapes kept (--resume)
-  if [ -n "${BENCH_RESUME:-}" ]; then cp "$BENCH_RESUME" "$R/bench.json" && resume=(--resume); fi
+  if [ -n "${BENCH_RESUME:-}" ]; then
+    cp "$BENCH_RESUME" "$R/bench.json" || { phase "bench: BENCH_RESUME=$BENCH_RESUME could not be copied: not run"; return 0; }
+    resume=(--resume)
+  fi
   phase "bench ($(( ${#shapes[@]} / 2 )) shapes; none: the whole suite${BENCH_RESUME:+; resuming $BENCH_RESUME})"
   timeout -k 15 "$BENCH_S" $ak bench --out "$R/bench.json" "${shapes[@]}" "${resume[@]}" > "$R/bench.log" 2>&1
   phase "bench rc=$?"

@@ -343,8 +343,10 @@ def bench_resumed(out: Path, env: dict[str, Any], shapes: list[Shape]) -> tuple[
 
 def run_bench(out: str | None = None, quick: bool = False, png: bool = True, only: list[str] | None = None,
               resume: bool = False) -> int:
-    """`resume`: `out` is an earlier run's report, cut short (a device's time limit): its shapes are kept, the
-    suite's others timed and added (2026-12-06: the 31 shapes took 15 min on an H100, more than a 10 min command)."""
+    """`resume`: `out` is an earlier run's report, cut short (a device's time limit): its shapes are kept (all of
+    them, `only` or not), the suite's others that `only` names timed and added (2026-12-06: 22 of the 28 shapes
+    took a 600 s phase on an H100). Each row keeps its own sampling (`b2b_calls`, `sync_iters`); `dispatch` is this
+    run's, the earlier sessions' dates are in environment.sessions. A missing `out` starts a new report (said)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -367,6 +369,8 @@ def run_bench(out: str | None = None, quick: bool = False, png: bool = True, onl
         results.extend(earlier)
         shapes_to_run = [s for s in shapes_to_run if s.label not in done]
         con.print(f"bench: {len(done)} shapes kept from {out}, {len(shapes_to_run)} to time")
+    elif resume:
+        con.print(f"bench: --resume: {out} does not exist yet: a new report")
     if device == "cuda":
         warm_gpu()
     # host-side overhead first, before the big shapes leave the process with a large heap; 3 repeats (the

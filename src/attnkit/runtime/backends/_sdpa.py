@@ -222,7 +222,11 @@ class SdpaBackend(Backend):
     def _torch_accepts(self, q: Any, k: Any, v: Any, kw: dict[str, Any]) -> bool:
         """Does torch's own eligibility check for the forced kernel (`torch.backends.cuda.can_use_*`, the check
         `sdpa_kernel([it])` would make) pass for this call? Only then may its op be called directly: outside
-        that check a kernel may not refuse an input it cannot handle. False where this torch has no such check."""
+        that check a kernel may not refuse an input it cannot handle. False where this torch has no such check.
+        Asked once, at bind, like torch's own pick for the direct route above: a later call of the same shapes in
+        another layout (the dispatch key holds no strides) reaches the op unchecked, where the context re-checked
+        every call. Such a call is rare (one call site keeps its layout), and an op that rejects it raises, which
+        attention() turns into a fallback; a per-call stride check would cost ~0.2 us on every call."""
         import torch
 
         cuda = torch.backends.cuda
