@@ -149,11 +149,12 @@ def test_bench_resumes_a_report_cut_short_and_refuses_another_machines(tmp_path,
 
 
 def test_sample_counts_follow_the_fastest_candidates_time():
-    """Back to back: ~4 ms a sample, never fewer than 20 calls (the first call's host latency is spread over
-    them) nor more than 200; with a sync per call: more samples for short calls, within [base, 10 x base]."""
+    """Back to back: ~4 ms a sample, at least 20 calls (the first call's host latency is spread over them) up to
+    calls of 5 ms, fewer for longer ones (a sample near 100 ms, at least 3 calls), at most 200; with a sync per
+    call: more samples for short calls, within [base, 10 x base]."""
     from attnkit.bench.timer import b2b_calls, sync_iters
 
-    assert [b2b_calls(t) for t in (5e-3, 1.5e-3, 1e-4, 1e-5, 0.0)] == [20, 20, 40, 200, 200]
+    assert [b2b_calls(t) for t in (3e-2, 1e-2, 5e-3, 1.5e-3, 1e-4, 1e-5, 0.0)] == [3, 10, 20, 20, 40, 200, 200]
     assert [sync_iters(t, 12) for t in (1.0, 4e-3, 1e-3, 1e-4, 0.0)] == [12, 12, 50, 120, 120]
 
 

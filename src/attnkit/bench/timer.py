@@ -70,8 +70,11 @@ def interleaved(runs: dict[str, Callable[[], Any]], device: str, iters: int, cal
 def b2b_calls(fastest_s: float) -> int:
     """Calls per back-to-back sample: ~4 ms of the fastest candidate, at least 20 (the issues' outside
     measurement: 20 calls back to back) and at most 200. With 3 calls, a 1.5 ms call's sample carried a third
-    of its first call's host latency, which torch.compile's wrappers make 100-150 us longer (H100, 2026-12-06)."""
-    return max(20, min(200, int(4e-3 / max(1e-6, fastest_s))))
+    of its first call's host latency, which torch.compile's wrappers make 100-150 us longer (H100, 2026-12-06).
+    Calls over 5 ms take fewer, down to 3, so that a sample stays near 100 ms (the sweep's largest cases): there
+    a first call's latency is under 0.5% of the sample."""
+    t = max(1e-6, fastest_s)
+    return max(min(20, max(3, int(0.1 / t))), min(200, int(4e-3 / t)))
 
 
 def sync_iters(fastest_s: float, base: int) -> int:
