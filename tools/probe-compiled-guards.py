@@ -14,44 +14,31 @@ from __future__ import annotations
 
 import io
 import logging
-import statistics
-import time
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from _probe import DEV, write_report
 
+from attnkit.bench.timer import interleaved
 from attnkit.runtime.attention import attention
 
 CALLS, ROUNDS = 2000, 15
 
 
-def race(runs: dict[str, tuple[Any, bool]], args: tuple[Any, ...]) -> dict[str, float]:
-    """Median us per call of each run (fn, guards skipped?) over ROUNDS blocks of CALLS back-to-back calls, the runs
-    interleaved in a fresh order every round (this host's speed drifts by 10-20% within a minute)."""
-    import random
-
-    times: dict[str, list[float]] = {n: [] for n in runs}
-    order = list(runs)
-    for r in range(ROUNDS):
-        random.Random(r).shuffle(order)
-        for n in order:
-            fn, skip = runs[n]
-            with torch.compiler.set_stance("default", skip_guard_eval_unsafe=skip):
-                if DEV == "cuda":
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                for _ in range(CALLS):
-                    fn(*args)
-                if DEV == "cuda":
-                    torch.cuda.synchronize()
-            times[n].append((time.perf_counter() - t0) / CALLS * 1e6)
-    return {n: round(statistics.median(t), 2) for n, t in times.items()}
+def block(fn: Any, args: tuple[Any, ...], skip_guards: bool) -> Any:
+    """CALLS back-to-back calls of fn under one stance (the stance's context is entered once per block, not per
+    call): one sample of bench.timer.interleaved, which shuffles the runs every round (this host's speed drifts by
+    10-20% within a minute)."""
+    def run() -> None:
+        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=skip_guards):
+            for _ in range(CALLS):
+                fn(*args)
+    return run
 
 
-def guard_count(fn: Any, args: tuple[Any, ...]) -> tuple[Any, int]:
-    """fn compiled (fullgraph) after a dynamo reset, called twice; the guard lines dynamo logged for it."""
+def guard_count(fn: Any, args: tuple[Any, ...]) -> int:
+    """The guards dynamo logs for fn compiled (fullgraph) after a dynamo reset."""
     buf = io.StringIO()
     handler = logging.StreamHandler(buf)
     log = logging.getLogger("torch._dynamo.guards")
@@ -59,15 +46,12 @@ def guard_count(fn: Any, args: tuple[Any, ...]) -> tuple[Any, int]:
     log.addHandler(handler)
     try:
         torch._dynamo.reset()
-        compiled = torch.compile(fn, fullgraph=True)
-        compiled(*args)
-        compiled(*args)
+        torch.compile(fn, fullgraph=True)(*args)
     finally:
         log.removeHandler(handler)
         torch._logging.set_logs()
     tree = buf.getvalue().split("TREE_GUARD_MANAGER:")[-1]  # the guard tree: one "+- " line per guard or accessor
-    lines = [ln for ln in tree.splitlines() if "+- " in ln and "GuardManager" not in ln]
-    return compiled, len(lines)
+    return len([ln for ln in tree.splitlines() if "+- " in ln and "GuardManager" not in ln])
 
 
 def main() -> None:
@@ -82,18 +66,19 @@ def main() -> None:
 
     dtype = torch.bfloat16 if DEV == "cuda" else torch.float32
     args = tuple(torch.randn(1, 4, 1, 8, device=DEV, dtype=dtype) for _ in range(3))
+    calls = (("attention()", attnkit_call), ("plain", plain_call))
     with torch.no_grad():
-        built = {name: guard_count(fn, args) for name, fn in (("attention()", attnkit_call), ("plain", plain_call))}
-        for name, fn in (("attention()", attnkit_call), ("plain", plain_call)):  # every graph compiled: no reset
-            built[name] = (torch.compile(fn, fullgraph=True), built[name][1])
-            built[name][0](*args)
-        runs: dict[str, tuple[Any, bool]] = {}
-        for name, fn in (("attention()", attnkit_call), ("plain", plain_call)):
-            runs[f"{name} eager"] = (fn, False)
-            runs[f"{name} compiled"] = (built[name][0], False)
-            runs[f"{name} compiled, guards skipped"] = (built[name][0], True)
-        us = race(runs, args)
-    rows = [{"call": name, "guards": built[name][1], "eager_us": us[f"{name} eager"],
+        guards = {name: guard_count(fn, args) for name, fn in calls}
+        torch._dynamo.reset()
+        runs: dict[str, Any] = {}
+        for name, fn in calls:
+            compiled = torch.compile(fn, fullgraph=True)
+            compiled(*args)
+            runs[f"{name} eager"] = block(fn, args, False)
+            runs[f"{name} compiled"] = block(compiled, args, False)
+            runs[f"{name} compiled, guards skipped"] = block(compiled, args, True)
+        us = {n: round(t / CALLS * 1e6, 2) for n, t in interleaved(runs, DEV, iters=ROUNDS).items()}
+    rows = [{"call": name, "guards": guards[name], "eager_us": us[f"{name} eager"],
              "compiled_us": us[f"{name} compiled"], "compiled_guards_skipped_us": us[f"{name} compiled, guards skipped"]}
             for name in ("attention()", "plain")]
     for row in rows:

@@ -177,8 +177,9 @@ def compare(s: Shape, device: str = "cuda", iters: int = 15, rounds: int = 6) ->
                     row.setdefault("cudagraphs_errors", {})[ps] = f"{type(e).__name__}: {first_line(e)}"
                     del fns["cudagraphs"]
             one = interleaved(fns, device, iters=2)
-            calls = b2b_calls(min(one.values()))
-            sync = interleaved(fns, device, iters=sync_iters(min(one.values()), iters), seed=1)
+            fastest = min(one.values())
+            calls = b2b_calls(fastest)
+            sync = interleaved(fns, device, iters=sync_iters(fastest, iters), seed=1)
             b2b = interleaved(fns, device, iters=rounds, calls=calls, seed=2)
             if device == "cuda":
                 try:  # a diagnosis beside the timings: a profiler failure must not cost the shape its row

@@ -91,18 +91,17 @@ def bench_shape(s: Shape, device: str, iters: int = 15, rounds: int = 5, backend
             lap("check")
             t_one = interleaved(runs, device, iters=2)
             fastest = min(t_one.values(), default=1e-6)
-            calls = b2b_calls(fastest)
+            calls, n_sync = b2b_calls(fastest), sync_iters(fastest, iters)
             slow = {n for n, t in t_one.items() if prune and t > prune * fastest}
             timed = {n: fn for n, fn in runs.items() if n not in slow}
             lap("first_calls")
-            sync = interleaved(timed, device, iters=sync_iters(fastest, iters), seed=1)
+            sync = interleaved(timed, device, iters=n_sync, seed=1)
             lap("sync")
             b2b = interleaved(timed, device, iters=rounds, calls=calls, seed=2)
             lap("b2b")
             if confirm and AUTO in timed:
                 out.setdefault("confirmed", {})[ps] = _head_to_head(timed, device, {"sync": sync, "b2b": b2b},
-                                                                    sync_iters(fastest, iters) * confirm,
-                                                                    rounds * confirm, calls)
+                                                                    n_sync * confirm, rounds * confirm, calls)
                 lap("confirm")
         # where a case's seconds go (the sweep's throughput decides how much of its plan a session measures)
         out.setdefault("step_seconds", {})[ps] = {k: round(v, 3) for k, v in steps.items()}
@@ -112,7 +111,7 @@ def bench_shape(s: Shape, device: str, iters: int = 15, rounds: int = 5, backend
             else:
                 out["ms"].setdefault(n, {})[ps] = {"sync": sync[n] * 1e3, "b2b": b2b[n] * 1e3}
         out.setdefault("b2b_calls", {})[ps] = calls
-        out.setdefault("sync_iters", {})[ps] = sync_iters(fastest, iters)
+        out.setdefault("sync_iters", {})[ps] = n_sync
     out["selected"] = out["selected_by_pass"][passes[-1]]
     out["jit_warmed"] = bool(prune)  # the sweep's JIT backends warmed before pruning (tune.cold_pruned)
     if prune:  # how often: tune.unsteady_pruned trusts a pruned JIT time only after JIT_WARM_CALLS
@@ -358,12 +357,13 @@ def run_bench(out: str | None = None, quick: bool = False, png: bool = True, onl
         raise AttnkitError("bench: torch is not installed; install the torch of your matrix cell first")
     device = "cuda" if p.has_gpu and p.torch.cuda_available else "cpu"
     quick = quick or device == "cpu"
-    shapes_to_run = named(suite(quick), only)
+    shapes = suite(quick)
+    shapes_to_run = named(shapes, only)
     con = Console(width=200)
     env = environment()
     results: list[dict[str, Any]] = []
     if resume and out and Path(out).exists():  # read and checked before anything is timed
-        earlier, sessions = bench_resumed(Path(out), env, suite(quick))
+        earlier, sessions = bench_resumed(Path(out), env, shapes)
         env = {**env, "sessions": [*sessions, env["date"]]}  # the report's date is its latest session's
         done = {r["label"] for r in earlier}
         results.extend(earlier)
@@ -380,7 +380,7 @@ def run_bench(out: str | None = None, quick: bool = False, png: bool = True, onl
     dispatch = {**repeats[1], "repeats_us": [round(r["overhead_us"], 3) for r in repeats]}
     report: dict[str, Any] = {"environment": env, "device": device, "quick": quick, "shapes": results,
                               "dispatch": dispatch}
-    order = {s.label: i for i, s in enumerate(suite(quick))}
+    order = {s.label: i for i, s in enumerate(shapes)}
     for s in shapes_to_run:
         t0 = time.perf_counter()
         results.append(bench_shape(s, device, iters=5 if quick else 12, rounds=3 if quick else 4))

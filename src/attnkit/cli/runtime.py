@@ -22,6 +22,8 @@ def _cmd_doctor(a: argparse.Namespace) -> int:
 def _cmd_bench(a: argparse.Namespace) -> int:
     if a.resume and (a.integrations or a.compiled):
         raise UsageError("--resume: continues the bench suite's report only (not --compiled or --integrations)")
+    if a.resume and not a.out:
+        raise UsageError("--resume: it needs --out (the earlier report to continue)")
     if a.integrations:  # the HF training step, kernels in a compiled graph, CUDA-graph decode: its own options
         from attnkit.bench.integrations import main as integrations
 
@@ -40,8 +42,6 @@ def _cmd_bench(a: argparse.Namespace) -> int:
         return run_compiled(a.out, only=a.shape)
     from attnkit.bench.run import run_bench
 
-    if a.resume and not a.out:
-        raise UsageError("--resume: it needs --out (the earlier report to continue)")
     return run_bench(out=a.out, quick=a.quick, png=a.png, only=a.shape, resume=a.resume)
 
 
