@@ -24,6 +24,7 @@ def test_smoke_report_on_this_machine(tmp_path, capsys):
     assert rep["counts"].get("failed", 0) == 0
     by = rep["by_backend"]
     assert by["attnkit"] == {"passed": n}  # attention() itself serves every case here
+    assert sum(rep["routes"]["attnkit"].values()) == n  # and bound a runner for each, whose route is recorded
     if dev == "cpu":
         assert by["sdpa_math"] == {"passed": n} and by["sdpa"]["passed"] == n - 1  # all but softcap
         assert by["flash_attn4"] == {"skipped": n}
@@ -108,3 +109,27 @@ def test_the_smoke_lets_its_flex_signatures_compile_past_dynamos_default_limit()
         # config module deletes its entries on undo)
         assert smoke.run_smoke(backends=["sdpa_math"], cases=["mha"], quiet=True) == 0
         assert cfg.recompile_limit >= 1024 and cfg.accumulated_recompile_limit >= 8 * 1024
+
+
+def test_smoke_rows_record_the_route_their_runner_took(monkeypatch):
+    """The smoke says how each row reached its kernel (the forced SDPA kernels' direct op or the sdpa_kernel
+    context): the route is the function bind() returned, for forced rows and for attention()'s own pick."""
+    from attnkit.runtime.backends.sdpa_math import SdpaMath
+
+    r = smoke.check("sdpa_math", "mha", "float32", "cpu")
+    assert r["outcome"] == "passed" and r["route"].startswith("SdpaBackend."), r
+
+    class Named(SdpaMath):
+        def bind(self, call, p, q, k, v):
+            inner = super().bind(call, p, q, k, v)
+
+            def via_named_route(q, k, v):
+                return inner(q, k, v)
+            return via_named_route
+
+    monkeypatch.setitem(REGISTRY, "sdpa_math", Named())
+    r = smoke.check("sdpa_math", "mha", "float32", "cpu")
+    assert r["outcome"] == "passed" and r["route"] == "test_smoke_rows_record_the_route_their_runner_took.Named.bind.via_named_route"
+    a = smoke.check(smoke.AUTO, "gqa", "float32", "cpu")
+    assert a["outcome"] == "passed" and a["route"] and "<locals>" not in a["route"], a
+    assert smoke.route(len) == "len"

@@ -55,6 +55,7 @@
 #               host time by Python frame (tools/probe-compiled-host-stack.py, COMPSTACK_S s); bench: `attnkit
 #               bench` (BENCH_S s; BENCH_SHAPES="label;label" its suite shapes by label; BENCH_RESUME=FILE an
 #               earlier session's report cut short, continued with --resume: same machine kind only);
+#             rebench: `attnkit bench` again for REBENCH_SHAPES="label;label" into bench-again.json (REBENCH_S s);
 #             tune: (TUNE_MATCH=REGEX: only the plan's cases whose label it finds, `tune --match`, timed and
 #               compiled; the held-out shapes are compiled all the same, for validate) the plan's JIT kernels (FA4, flex) and the held-out shapes' compiled by SHARDS CPU shards
 #               (TUNE_COMPILE s), the timed sweep alone on the GPU over what they compiled (TUNE_BUDGET s;
@@ -70,7 +71,7 @@ S=${ATTNKIT_SESSION_DIR:-/root/attnkit-session}
 OUT=${OUT:-/tmp/out}; R=$S/results
 case ${1:-wait} in split|aside|back) ;; *) mkdir -p "$OUT" "$R" ;; esac   # these three run here, before the session
 ORACLE_OWN=${ORACLE_OWN:-360}; ORACLE_FORCED=${ORACLE_FORCED:-300}; TUNE_COMPILE=${TUNE_COMPILE:-200}
-TUNE_BUDGET=${TUNE_BUDGET:-300}; VALIDATE_S=${VALIDATE_S:-240}; HF_S=${HF_S:-300}; COMPILED_S=${COMPILED_S:-240}; REPLAY_S=${REPLAY_S:-240}; TRAIN_S=${TRAIN_S:-240}; REFRESH_COMPILE=${REFRESH_COMPILE:-150}; REFRESH_BUDGET=${REFRESH_BUDGET:-280}; VARLEN_S=${VARLEN_S:-120}; SDPAHOST_S=${SDPAHOST_S:-150}; SMOKE_S=${SMOKE_S:-900}; GUARDPROF_S=${GUARDPROF_S:-150}; DISPATCH_S=${DISPATCH_S:-60}; COMPSTACK_S=${COMPSTACK_S:-240}; BENCH_S=${BENCH_S:-600}; SHARDS=${SHARDS:-}
+TUNE_BUDGET=${TUNE_BUDGET:-300}; VALIDATE_S=${VALIDATE_S:-240}; HF_S=${HF_S:-300}; COMPILED_S=${COMPILED_S:-240}; REPLAY_S=${REPLAY_S:-240}; TRAIN_S=${TRAIN_S:-240}; REFRESH_COMPILE=${REFRESH_COMPILE:-150}; REFRESH_BUDGET=${REFRESH_BUDGET:-280}; VARLEN_S=${VARLEN_S:-120}; SDPAHOST_S=${SDPAHOST_S:-150}; SMOKE_S=${SMOKE_S:-900}; GUARDPROF_S=${GUARDPROF_S:-150}; DISPATCH_S=${DISPATCH_S:-60}; REBENCH_S=${REBENCH_S:-300}; COMPSTACK_S=${COMPSTACK_S:-240}; BENCH_S=${BENCH_S:-600}; SHARDS=${SHARDS:-}
 step=${1:-wait}
 
 phase() { echo "$(date +%T) $*" | tee -a "$R/phases.log"; }
@@ -252,22 +253,32 @@ compstack() { probe "$COMPSTACK_S" "compiled host stack probe" probe-compiled-ho
 # `attnkit bench` (BENCH_SHAPES="label;label": only those suite shapes), its report written shape by shape
 bench() {
   on "$BENCH_S" "bench" || return 0
-  local shapes=() labels=() label
-  if [ -n "${BENCH_SHAPES:-}" ]; then
-    IFS=';' read -ra labels <<< "$BENCH_SHAPES"
-    for label in "${labels[@]}"; do
-      label=$(echo "$label" | sed 's/^ *//; s/ *$//')   # "a; b": the spaces around a ';' are not the label's
-      [ -n "$label" ] && shapes+=(--shape "$label")
-    done
-  fi
   local resume=()   # BENCH_RESUME=<an earlier session's report cut short, in the tree>: its shapes kept (--resume)
   if [ -n "${BENCH_RESUME:-}" ]; then
     cp "$BENCH_RESUME" "$R/bench.json" || { phase "bench: BENCH_RESUME=$BENCH_RESUME could not be copied: not run"; return 0; }
     resume=(--resume)
   fi
-  phase "bench ($(( ${#shapes[@]} / 2 )) shapes; none: the whole suite${BENCH_RESUME:+; resuming $BENCH_RESUME})"
-  timeout -k 15 "$BENCH_S" $ak bench --out "$R/bench.json" "${shapes[@]}" "${resume[@]}" > "$R/bench.log" 2>&1
-  phase "bench rc=$?"
+  bench_run bench "$BENCH_S" "${BENCH_SHAPES:-}" "${resume[@]}"
+}
+# the same bench again, into its own report, for the shapes in REBENCH_SHAPES ("label;label"): e.g. a resumed
+# suite's shapes that an earlier session timed with other sampling
+rebench() {
+  on "$REBENCH_S" "rebench" || return 0
+  [ -n "${REBENCH_SHAPES:-}" ] || { phase "skipped: rebench (REBENCH_SHAPES is empty)"; return 0; }
+  bench_run bench-again "$REBENCH_S" "$REBENCH_SHAPES"
+}
+bench_run() {   # NAME BUDGET "label;label" [--resume]: `attnkit bench` into $R/NAME.json, its log $R/NAME.log
+  local name=$1 budget=$2 shapes=() labels=() label
+  if [ -n "$3" ]; then
+    IFS=';' read -ra labels <<< "$3"
+    for label in "${labels[@]}"; do
+      label=$(echo "$label" | sed 's/^ *//; s/ *$//')   # "a; b": the spaces around a ';' are not the label's
+      [ -n "$label" ] && shapes+=(--shape "$label")
+    done
+  fi
+  phase "$name ($(( ${#shapes[@]} / 2 )) shapes; none: the whole suite${4:+; resuming $R/$name.json})"
+  timeout -k 15 "$budget" $ak bench --out "$R/$name.json" "${shapes[@]}" "${@:4}" > "$R/$name.log" 2>&1
+  phase "$name rc=$?"
 }
 # attention()'s host time per call over the plain SDPA call on a tiny shape (issue 22: <= 3 us), three repeats
 dispatch() {
@@ -330,8 +341,8 @@ job() {
   local p
   for p in ${ORDER:-checks hf compiled tune}; do
     [ "$p" = tune ] || table_in_use   # every phase after a sweep runs on its table
-    case $p in checks|hf|compiled|tune|replay|refresh|train|varlen|sdpahost|guardprof|dispatch|compstack|bench) $p ;;
-      *) phase "skipped: unknown phase '$p' in ORDER (checks hf compiled tune replay refresh train varlen sdpahost guardprof dispatch compstack bench)" ;; esac
+    case $p in checks|hf|compiled|tune|replay|refresh|train|varlen|sdpahost|guardprof|dispatch|compstack|bench|rebench) $p ;;
+      *) phase "skipped: unknown phase '$p' in ORDER (checks hf compiled tune replay refresh train varlen sdpahost guardprof dispatch compstack bench rebench)" ;; esac
   done
   phase "DONE"
 }
@@ -343,7 +354,7 @@ pack() {
   tail -n 2 "$R/tune/tune.log" 2>/dev/null | cut -c1-300
   grep -h "^[A-Za-z].*: plain" "$R/cudnn-guard-forms.log" 2>/dev/null
   grep -hv USDT "$R/compiled-host-stack.log" 2>/dev/null | head -60
-  grep -h "^bench \|^summary" "$R/bench.log" 2>/dev/null | cut -c1-600
+  grep -h "^bench \|^summary" "$R/bench.log" "$R/bench-again.log" 2>/dev/null | cut -c1-600
   cat "$R/dispatch-overhead.json" 2>/dev/null | tr -d ' \n' | cut -c1-400; echo
 }
 

@@ -96,6 +96,7 @@ def check(backend: str, case_name: str, dtype: str, device: str) -> dict[str, An
     try:
         call, params = inp.prepare()
         fn: Any = None
+        runner: Any = None
         if backend == COMPILED:
             if case_name not in COMPILED_CASES:
                 return {**entry, "outcome": "skipped", "reason": f"{COMPILED}: run on {', '.join(COMPILED_CASES)}"}
@@ -119,6 +120,7 @@ def check(backend: str, case_name: str, dtype: str, device: str) -> dict[str, An
                 except NoBackendError as exc:
                     return {**entry, "outcome": "skipped", "reason": f"{AUTO}: {_refusal(exc)}"}
                 out = attention(inp.q, inp.k, inp.v, **_kwargs(inp))
+            entry["route"] = _bound_route(call)
             if fell:  # the pick raised and another backend answered: this machine's pick does not work here
                 entry.update(outcome="failed", error=fell_back(fell), seconds=round(time.perf_counter() - t0, 4))
                 return entry
@@ -126,7 +128,9 @@ def check(backend: str, case_name: str, dtype: str, device: str) -> dict[str, An
             why = REGISTRY[backend].check(call, probe())
             if why:
                 return {**entry, "outcome": "skipped", "reason": f"{backend}: {'; '.join(why)}"}
-            out = REGISTRY[backend].run(inp.q, inp.k, inp.v, call, params)
+            runner = REGISTRY[backend].bind(call, params, inp.q, inp.k, inp.v)
+            entry["route"] = route(runner)
+            out = runner(inp.q, inp.k, inp.v)
         ref, refs, g = _reference(case_name, dtype, device)
         fwd_tol, bwd_tol = TOL[dtype]
         problems = []
@@ -147,7 +151,7 @@ def check(backend: str, case_name: str, dtype: str, device: str) -> dict[str, An
                     # buffers, so a second backward through one graph (retain_graph) is refused by torch
                     out = (fn(inp.q, inp.k, inp.v) if fn is not None else
                            attention(inp.q, inp.k, inp.v, **_kwargs(inp)) if backend == AUTO else
-                           REGISTRY[backend].run(inp.q, inp.k, inp.v, call, params))
+                           runner(inp.q, inp.k, inp.v))
                 grads = torch.autograd.grad(out, (inp.q, inp.k, inp.v), grad_out)
                 for name, a, b in zip("qkv", grads, refs, strict=True):
                     if not torch.isfinite(a).all():
@@ -165,6 +169,21 @@ def check(backend: str, case_name: str, dtype: str, device: str) -> dict[str, An
         entry.update(outcome="failed", error=f"{type(exc).__name__}: {first}",
                      seconds=round(time.perf_counter() - t0, 4))
     return entry
+
+
+def route(runner: Any) -> str:
+    """Which way a bound runner reaches its kernel, by the function bind() returned: e.g. `_direct.run_flash` (the
+    kernel's op called directly), `SdpaBackend._forced.forced` (inside the sdpa_kernel context)."""
+    name = getattr(runner, "__qualname__", None) or type(runner).__qualname__
+    return name.replace(".<locals>", "")
+
+
+def _bound_route(call: Any) -> str | None:
+    """attention()'s own route for `call`: the runner it bound (None where it bound none: a call it cannot cache)."""
+    from attnkit.runtime import dispatch
+
+    hit = next((b for b in reversed(dispatch.bound_calls()) if b.call == call), None)
+    return None if hit is None else route(hit.runner)
 
 
 def _refusal(exc: Exception) -> str:
@@ -251,6 +270,11 @@ def run_smoke(report: str | None = None, backends: list[str] | None = None, case
     for ch in checks:
         row = by_backend.setdefault(ch["backend"], {})
         row[ch["outcome"]] = row.get(ch["outcome"], 0) + 1
+    routes: dict[str, dict[str, int]] = {}  # per backend: how its rows reached their kernels (route())
+    for ch in checks:
+        if ch.get("route"):
+            r = routes.setdefault(ch["backend"], {})
+            r[ch["route"]] = r.get(ch["route"], 0) + 1
     con.print(f"smoke: {counts.get('passed', 0)} passed, {counts.get('failed', 0)} failed, "
               f"{counts.get('skipped', 0)} skipped (with reasons)")
     con.print("  " + "; ".join(f"{b}: " + ", ".join(f"{n} {o}" for o, n in sorted(r.items()))
@@ -259,7 +283,7 @@ def run_smoke(report: str | None = None, backends: list[str] | None = None, case
         con.print(f"  skipped {n}x: {reason}")
     if report:
         doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "counts": counts,
-               "by_backend": by_backend, "skipped_reasons": skipped, "doctor": doctor_report(), "checks": checks}
+               "by_backend": by_backend, "routes": routes, "skipped_reasons": skipped, "doctor": doctor_report(), "checks": checks}
         write_atomic(Path(report), json.dumps(doc, indent=1, default=str))
         con.print(f"wrote {report}")
     if counts.get("failed"):
