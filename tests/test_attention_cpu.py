@@ -423,3 +423,28 @@ def test_activation_checkpointing_with_attention_as_the_last_op(use_reentrant, k
         checkpoint(block, q, k, v, use_reentrant=use_reentrant).backward(g)  # reentrant takes no autograd.grad
     for t, b in zip((q, k, v), want, strict=True):
         torch.testing.assert_close(t.grad, b)
+
+
+@pytest.mark.parametrize("name", ["sdpa", "sdpa_flash"])
+def test_torchs_own_pick_runs_the_plain_call_not_the_kernels_op(monkeypatch, name):
+    """Where the chosen kernel is torch's own pick, the runner is the plain F.scaled_dot_product_attention call:
+    the op called from Python cost ~1 us more a forward call on the H100 (tools/probe-direct-route.py)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend
+
+    from attnkit.runtime.backends import REGISTRY, _sdpa
+    from attnkit.runtime.call import Inputs
+
+    backend = REGISTRY[name]
+    monkeypatch.setattr(type(backend), "_torch_pick", lambda *a: int(SDPBackend.FLASH_ATTENTION))
+    monkeypatch.setattr(_sdpa, "_direct", lambda *a: pytest.fail("the kernel's op was asked for torch's own pick"))
+    calls: list = []
+    real = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    q = torch.randn(1, 8, 2, 16)
+    call, params = Inputs(q, q, q, causal=True).prepare()
+    runner = backend.bind(call, params, q, q, q)
+    assert runner.__name__ == "run"
+    out = runner(q, q, q)
+    assert calls == [{"is_causal": True}]
+    torch.testing.assert_close(out.double(), reference_attention(q, q, q, causal=True), atol=1e-5, rtol=1e-5)

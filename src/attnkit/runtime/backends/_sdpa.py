@@ -5,9 +5,9 @@ Converts attnkit's (B, S, H, D) / varlen semantics to SDPA's (B, H, S, D) with t
 bottom-right causal with seqlen_q != seqlen_k goes through torch's `causal_lower_right` bias where the
 kernel supports it, otherwise through an explicit mask from `layout.allowed_mask`, built once per shape.
 
-The route to the kernel is decided once per call signature, never per call: a forced sub-backend calls
-F.scaled_dot_product_attention plainly (the very call a user writes) when torch's own choice for this call
-already is that kernel (`torch._fused_sdp_choice`, asked at bind time). When it is not, a call with no mask
+The route to the kernel is decided once per call signature, never per call: `sdpa`, and a forced sub-backend
+whose kernel is torch's own choice for this call (`torch._fused_sdp_choice`, asked at bind time), calls
+F.scaled_dot_product_attention plainly (the very call a user writes). When it is not, a call with no mask
 whose forced kernel passes torch's own eligibility check (`torch.backends.cuda.can_use_cudnn_attention` /
 `can_use_flash_attention`) calls that kernel's op directly; only the rest pay for the `sdpa_kernel` context,
 which costs ~20 us per call (timeit on the 2-core dev machine, torch 2.13 CPU: 35 vs 15 us).
@@ -190,18 +190,14 @@ class SdpaBackend(Backend):
             return self._forced(run)
         if call.softcap:
             return run
+        wanted = None if self.sdp_name is None else int(_sdp_backend(self.sdp_name))
+        if wanted is None:  # torch's own pick: the plain call (its kernel's op called directly from Python cost
+            return run  # more host time, not less: tools/probe-direct-route.py, H100, ~1 us a forward call)
         # in a graph the host-time shortcuts buy nothing, and torch's pick is made when the graph is traced
         picked = None if bias_object or call.trace else self._torch_pick(q, k, v, call, kw)
-        wanted = None if self.sdp_name is None else int(_sdp_backend(self.sdp_name))
+        if picked == wanted:
+            return run
         as_given = not (idx_q is not None or expand or empty is not None or "attn_mask" in kw)
-        if picked is not None and wanted in (None, picked):
-            if as_given:
-                direct = _direct(picked, kw, call, guard)
-                if direct is not None:
-                    return direct
-            return run
-        if wanted is None:
-            return run
         if picked is not None and as_given and self._torch_accepts(q, k, v, kw):
             direct = _direct(wanted, kw, call, guard)  # the forced kernel's op, without the context's ~10-20 us
             if direct is not None:
@@ -263,9 +259,11 @@ _CAN_USE = {"CUDNN_ATTENTION": "can_use_cudnn_attention", "FLASH_ATTENTION": "ca
 
 def _direct(picked: int, kw: dict[str, Any], call: AttentionCall, guard: bool) -> Runner | None:
     """The kernel's own op, called the way F.scaled_dot_product_attention calls it once it has chosen (its
-    cuDNN and flash branches: k/v as given, GQA handled by the kernel, log-sum-exp only for a backward), so
-    the plain call's per-call choosing is not paid again. Only for calls with no mask, where both kernels
-    take the arguments as they are; anything the op rejects raises, and attention() falls back."""
+    cuDNN and flash branches: k/v as given, GQA handled by the kernel, log-sum-exp only for a backward): for a
+    forced kernel that torch would not pick, instead of the sdpa_kernel context. Not for torch's own pick: there
+    the plain call costs less host time than the op called from Python, which hands its whole tuple of outputs
+    back (tools/probe-direct-route.py, H100, 2026-12-06: ~1 us a forward call). Only for calls with no mask, where
+    both kernels take the arguments as they are; anything the op rejects raises, and attention() falls back."""
     import torch
 
     if call.device != "cuda":
