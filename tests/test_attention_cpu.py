@@ -444,7 +444,44 @@ def test_torchs_own_pick_runs_the_plain_call_not_the_kernels_op(monkeypatch, nam
     q = torch.randn(1, 8, 2, 16)
     call, params = Inputs(q, q, q, causal=True).prepare()
     runner = backend.bind(call, params, q, q, q)
-    assert runner.__name__ == "run"
+    assert runner.__name__ == "run_plain"
     out = runner(q, q, q)
     assert calls == [{"is_causal": True}]
     torch.testing.assert_close(out.double(), reference_attention(q, q, q, causal=True), atol=1e-5, rtol=1e-5)
+
+
+def test_sdpa_asks_torchs_pick_only_where_a_backward_could_need_the_cudnn_hook(monkeypatch):
+    """`sdpa` without grad never asks torch's pick (the plain call chooses itself). With a backward on CUDA: where
+    torch picks flash, flash's op is called directly (no cuDNN gradient-layout hook needed); where it picks cuDNN,
+    the plain call runs with the hook."""
+    from dataclasses import replace
+
+    from torch.nn.attention import SDPBackend
+
+    from attnkit.runtime.backends import REGISTRY, _sdpa
+    from attnkit.runtime.call import Inputs
+
+    backend = REGISTRY["sdpa"]
+    asked: list = []
+    pick = {"kernel": int(SDPBackend.FLASH_ATTENTION)}
+    monkeypatch.setattr(type(backend), "_torch_pick", lambda *a: asked.append(1) or pick["kernel"])
+
+    def flash_op(q, k, v):
+        return q
+
+    direct: list = []
+    monkeypatch.setattr(_sdpa, "_direct", lambda kernel, kw, call, guard: direct.append((kernel, guard)) or flash_op)
+    q = torch.randn(1, 8, 2, 16)
+    call, params = Inputs(q, q, q, causal=True).prepare()
+    assert backend.bind(call, params, q, q, q).__name__ == "run_plain" and asked == []
+    grad_call = replace(call, device="cuda", requires_grad=True)
+    assert backend.bind(grad_call, params, q, q, q) is flash_op
+    assert asked == [1] and direct == [(int(SDPBackend.FLASH_ATTENTION), False)]
+    pick["kernel"] = int(SDPBackend.CUDNN_ATTENTION)
+    runner = backend.bind(grad_call, params, q, q, q)
+    assert runner.__name__ == "run" and len(direct) == 1  # the plain call, with the hook around it
+    hooked: list = []
+    monkeypatch.setattr(_sdpa, "grad_like_output", lambda out: hooked.append(out) or out)
+    qg = q.clone().requires_grad_(True)
+    out = runner(qg, qg, qg)
+    assert out.requires_grad and len(hooked) == 1

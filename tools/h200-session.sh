@@ -264,7 +264,7 @@ bench() {
 # suite's shapes that an earlier session timed with other sampling
 rebench() {
   on "$REBENCH_S" "rebench" || return 0
-  [ -n "${REBENCH_SHAPES:-}" ] || { phase "skipped: rebench (REBENCH_SHAPES is empty)"; return 0; }
+  case ${REBENCH_SHAPES:-} in *[!\ \;]*) ;; *) phase "skipped: rebench (REBENCH_SHAPES names no shape)"; return 0 ;; esac
   bench_run bench-again "$REBENCH_S" "$REBENCH_SHAPES"
 }
 bench_run() {   # NAME BUDGET "label;label" [--resume]: `attnkit bench` into $R/NAME.json, its log $R/NAME.log
@@ -276,7 +276,9 @@ bench_run() {   # NAME BUDGET "label;label" [--resume]: `attnkit bench` into $R/
       [ -n "$label" ] && shapes+=(--shape "$label")
     done
   fi
-  phase "$name ($(( ${#shapes[@]} / 2 )) shapes; none: the whole suite${4:+; resuming $R/$name.json})"
+  local what="$(( ${#shapes[@]} / 2 )) shapes"
+  [ "${#shapes[@]}" -gt 0 ] || what="the whole suite"
+  phase "$name ($what${4:+; resuming ${BENCH_RESUME:-$R/$name.json}})"
   timeout -k 15 "$budget" $ak bench --out "$R/$name.json" "${shapes[@]}" "${@:4}" > "$R/$name.log" 2>&1
   phase "$name rc=$?"
 }

@@ -120,7 +120,7 @@ def check(backend: str, case_name: str, dtype: str, device: str) -> dict[str, An
                 except NoBackendError as exc:
                     return {**entry, "outcome": "skipped", "reason": f"{AUTO}: {_refusal(exc)}"}
                 out = attention(inp.q, inp.k, inp.v, **_kwargs(inp))
-            entry["route"] = _bound_route(call)
+            entry["fallback_route" if fell else "route"] = _bound_route(call)  # fell: the next candidate's
             if fell:  # the pick raised and another backend answered: this machine's pick does not work here
                 entry.update(outcome="failed", error=fell_back(fell), seconds=round(time.perf_counter() - t0, 4))
                 return entry
@@ -182,7 +182,8 @@ def _bound_route(call: Any) -> str | None:
     """attention()'s own route for `call`: the runner it bound (None where it bound none: a call it cannot cache)."""
     from attnkit.runtime import dispatch
 
-    hit = next((b for b in reversed(dispatch.bound_calls()) if b.call == call), None)
+    hit = next((b for b in reversed(dispatch.bound_calls()) if b.call == call
+                and (b.call.lengths_q, b.call.lengths_k) == (call.lengths_q, call.lengths_k)), None)
     return None if hit is None else route(hit.runner)
 
 

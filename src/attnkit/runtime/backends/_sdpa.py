@@ -7,7 +7,10 @@ kernel supports it, otherwise through an explicit mask from `layout.allowed_mask
 
 The route to the kernel is decided once per call signature, never per call: `sdpa`, and a forced sub-backend
 whose kernel is torch's own choice for this call (`torch._fused_sdp_choice`, asked at bind time), calls
-F.scaled_dot_product_attention plainly (the very call a user writes). When it is not, a call with no mask
+F.scaled_dot_product_attention plainly (the very call a user writes), which chooses again on every call: a
+user's `sdpa_kernel` context or `enable_*_sdp(False)` applies, as it does to the plain call. The exception is a
+call that needs a backward where torch picks flash: its op is called directly, so that no cuDNN gradient-layout
+hook is needed. When torch's choice is not the forced kernel, a call with no mask
 whose forced kernel passes torch's own eligibility check (`torch.backends.cuda.can_use_cudnn_attention` /
 `can_use_flash_attention`) calls that kernel's op directly; only the rest pay for the `sdpa_kernel` context,
 which costs ~20 us per call (timeit on the 2-core dev machine, torch 2.13 CPU: 35 vs 15 us).
@@ -176,28 +179,35 @@ class SdpaBackend(Backend):
             return out
 
         if not (idx_q is not None or expand or empty is not None or guard or bias_of is not None):
-            def run(q: Any, k: Any, v: Any) -> Any:  # the plain call, nothing around it
+            def run_plain(q: Any, k: Any, v: Any) -> Any:  # the plain call, nothing around it
                 return sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kw).transpose(1, 2)
+            run = run_plain
 
+        wanted = None if self.sdp_name is None else int(_sdp_backend(self.sdp_name))
         if bias_of is not None:  # the bias is fetched per call (run): the runner holds none of its own
             picked = None
             if "attn_mask" in kw:
-                picked = None if call.trace or call.softcap else self._torch_pick(q, k, v, call, kw)
+                if wanted is not None and not (call.trace or call.softcap):
+                    picked = self._torch_pick(q, k, v, call, kw)
                 del kw["attn_mask"]
-            wanted = None if self.sdp_name is None else int(_sdp_backend(self.sdp_name))
             if call.softcap or wanted in (None, picked):
                 return run
             return self._forced(run)
         if call.softcap:
             return run
-        wanted = None if self.sdp_name is None else int(_sdp_backend(self.sdp_name))
-        if wanted is None:  # torch's own pick: the plain call (its kernel's op called directly from Python cost
-            return run  # more host time, not less: tools/probe-direct-route.py, H100, ~1 us a forward call)
         # in a graph the host-time shortcuts buy nothing, and torch's pick is made when the graph is traced
-        picked = None if bias_object or call.trace else self._torch_pick(q, k, v, call, kw)
-        if picked == wanted:
-            return run
         as_given = not (idx_q is not None or expand or empty is not None or "attn_mask" in kw)
+        picked = None
+        if (wanted is not None or guard) and not (bias_object or call.trace):
+            picked = self._torch_pick(q, k, v, call, kw)
+        if guard and as_given and picked == int(_sdp_backend("FLASH_ATTENTION")) and wanted in (None, picked):
+            # torch picks flash for a call that needs a backward: its op called directly needs no cuDNN
+            # gradient-layout hook (that hook costs 2-5 us a step), and cannot become cuDNN in a later call
+            direct = _direct(picked, kw, call, False)
+            if direct is not None:
+                return direct
+        if wanted is None or picked == wanted:  # torch's own pick: the plain call (the kernel's op called from
+            return run  # Python cost more host time, not less: tools/probe-direct-route.py, H100, ~1 us a call)
         if picked is not None and as_given and self._torch_accepts(q, k, v, kw):
             direct = _direct(wanted, kw, call, guard)  # the forced kernel's op, without the context's ~10-20 us
             if direct is not None:
@@ -219,7 +229,7 @@ class SdpaBackend(Backend):
         """Does torch's own eligibility check for the forced kernel (`torch.backends.cuda.can_use_*`, the check
         `sdpa_kernel([it])` would make) pass for this call? Only then may its op be called directly: outside
         that check a kernel may not refuse an input it cannot handle. False where this torch has no such check.
-        Asked once, at bind, like torch's own pick for the direct route above: a later call of the same shapes in
+        Asked once, at bind, like torch's own pick above: a later call of the same shapes in
         another layout (the dispatch key holds no strides) reaches the op unchecked, where the context re-checked
         every call. Such a call is rare (one call site keeps its layout), and an op that rejects it raises, which
         attention() turns into a fallback; a per-call stride check would cost ~0.2 us on every call."""
@@ -257,7 +267,7 @@ class SdpaBackend(Backend):
 _CAN_USE = {"CUDNN_ATTENTION": "can_use_cudnn_attention", "FLASH_ATTENTION": "can_use_flash_attention"}
 
 
-def _direct(picked: int, kw: dict[str, Any], call: AttentionCall, guard: bool) -> Runner | None:
+def _direct(kernel: int, kw: dict[str, Any], call: AttentionCall, guard: bool) -> Runner | None:
     """The kernel's own op, called the way F.scaled_dot_product_attention calls it once it has chosen (its
     cuDNN and flash branches: k/v as given, GQA handled by the kernel, log-sum-exp only for a backward): for a
     forced kernel that torch would not pick, instead of the sdpa_kernel context. Not for torch's own pick: there
@@ -269,7 +279,7 @@ def _direct(picked: int, kw: dict[str, Any], call: AttentionCall, guard: bool) -
     if call.device != "cuda":
         return None
     dropout, causal, scale = kw.get("dropout_p", 0.0), kw.get("is_causal", False), kw.get("scale")
-    if picked == int(_sdp_backend("CUDNN_ATTENTION")):
+    if kernel == int(_sdp_backend("CUDNN_ATTENTION")):
         cudnn = getattr(torch, "_scaled_dot_product_cudnn_attention", None)
         if cudnn is None:
             return None
@@ -284,7 +294,7 @@ def _direct(picked: int, kw: dict[str, Any], call: AttentionCall, guard: bool) -
                         scale=scale)[0]
             return (grad_like_output(out) if out.requires_grad else out).transpose(1, 2)
         return run_cudnn_guarded if guard and lse else run_cudnn
-    if picked == int(_sdp_backend("FLASH_ATTENTION")) and call.head_dim % 8 == 0 and call.head_dim_v % 8 == 0:
+    if kernel == int(_sdp_backend("FLASH_ATTENTION")) and call.head_dim % 8 == 0 and call.head_dim_v % 8 == 0:
         flash = getattr(torch, "_scaled_dot_product_flash_attention", None)
         if flash is None:
             return None
