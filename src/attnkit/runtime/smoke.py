@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -271,11 +272,10 @@ def run_smoke(report: str | None = None, backends: list[str] | None = None, case
     for ch in checks:
         row = by_backend.setdefault(ch["backend"], {})
         row[ch["outcome"]] = row.get(ch["outcome"], 0) + 1
-    routes: dict[str, dict[str, int]] = {}  # per backend: how its rows reached their kernels (route())
+    routes: dict[str, Counter[str]] = {}  # per backend: how its rows reached their kernels (route())
     for ch in checks:
         if ch.get("route"):
-            r = routes.setdefault(ch["backend"], {})
-            r[ch["route"]] = r.get(ch["route"], 0) + 1
+            routes.setdefault(ch["backend"], Counter())[ch["route"]] += 1
     con.print(f"smoke: {counts.get('passed', 0)} passed, {counts.get('failed', 0)} failed, "
               f"{counts.get('skipped', 0)} skipped (with reasons)")
     con.print("  " + "; ".join(f"{b}: " + ", ".join(f"{n} {o}" for o, n in sorted(r.items()))

@@ -200,9 +200,10 @@ class SdpaBackend(Backend):
         picked = None
         if (wanted is not None or guard) and not (bias_object or call.trace):
             picked = self._torch_pick(q, k, v, call, kw)
-        if guard and as_given and picked == int(_sdp_backend("FLASH_ATTENTION")) and wanted in (None, picked):
+        if wanted is None and guard and as_given and picked == int(_sdp_backend("FLASH_ATTENTION")):
             # torch picks flash for a call that needs a backward: its op called directly needs no cuDNN
             # gradient-layout hook (that hook costs 2-5 us a step), and cannot become cuDNN in a later call
+            # (a forced sdpa_flash has no guard: it never runs cuDNN)
             direct = _direct(picked, kw, call, False)
             if direct is not None:
                 return direct
