@@ -1240,6 +1240,49 @@ def test_cross_check_hides_each_case_and_times_the_rules_pick_by_its_own_measure
         tune.cross_check([f])
 
 
+def test_cross_check_times_each_pick_against_the_plain_call_and_a_margin_puts_it_first(tmp_path):
+    """The cross-check scores a pick against the plain call (PLAIN) too, where the case timed it; Rule.plain_margin
+    puts the plain call first where it measured within the margin of the lead (2026-12-06, session 21)."""
+    header = {"header": True, "schema": 1, "grid": {}, "shard": "1/1",
+              "environment": {"date": "2026-12-02T00:00:00+00:00", "probe": {"gpus": [
+                  {"name": "NVIDIA H200", "capability": [9, 0]}], "driver": "1", "torch": {"version": "2.11"}}}}
+    key = "fwd|bfloat16|causal|mha|equal|-|-|-|no"
+    lines = [header,
+             _case("a", key, 128, 30.0, {"sdpa_cudnn": (1.0, 1.0), "sdpa": (1.01, 1.01)}),
+             _case("b", key, 128, 31.0, {"sdpa_cudnn": (1.0, 1.0), "sdpa": (0.95, 0.95)})]  # near, not merged
+    f = tmp_path / "t.jsonl"
+    f.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    rep = tune.cross_check([f], {"as measured": table.Rule(blend=0.0), "margin": table.Rule(blend=0.0,
+                                                                                         plain_margin=0.05)})
+    measured, margin = rep["rules"]["as measured"], rep["rules"]["margin"]
+    # hidden a: b's point decides (sdpa first there) -> a picks sdpa, 1/1.01 of the best; hidden b: a's point,
+    # where cuDNN led by 1%: as measured cuDNN, 0.95 of the plain call; with the margin the plain call
+    assert [(x["case"], x["pick"]) for x in measured["calls"]] == [("a", "sdpa"), ("b", "sdpa_cudnn")]
+    assert measured["calls"][1]["plain_sync"] == 0.95 and measured["summary"]["vs_plain_share_below_0.98"] == 0.5
+    assert [x["pick"] for x in margin["calls"]] == ["sdpa", "sdpa"]
+    assert margin["summary"]["vs_plain_min_worse_mode"] == 1.0
+
+
+def test_the_plain_margin_moves_the_plain_call_first_only_within_the_margin():
+    key = "fwd|bfloat16|causal|mha|equal|-|-|-|no"
+    c = call(causal=True, requires_grad=False, seqlen_q=4096, seqlen_k=4096, heads=16, kv_heads=16, head_dim=128)
+    w = round(table.log2_work(c))
+    t = _table({key: [scored(128, w, flash_attn4=1.0, sdpa=1.03, sdpa_cudnn=1.2)]})
+    assert table.decide(c, t).order[0] == "flash_attn4"  # shipped: the order as measured
+    d = table.decide(c, t, table.Rule(plain_margin=0.05))
+    assert d.order == ("sdpa", "flash_attn4", "sdpa_cudnn") and "the plain call within 3.0% of flash_attn4" in d.label
+    assert table.decide(c, t, table.Rule(plain_margin=0.02)).order[0] == "flash_attn4"
+    # blended: the weighted mean of the near points' scores decides whether the plain call is within the margin
+    t = _table({key: [scored(128, w, flash_attn4=1.0, sdpa=1.03), scored(128, w + 1, flash_attn4=1.0, sdpa=1.2)]})
+    assert table.decide(c, t, table.Rule(blend_sibling=False, plain_margin=0.05)).order[0] == "flash_attn4"
+    assert table.decide(c, t, table.Rule(blend_sibling=False, plain_margin=0.15)).order[0] == "sdpa"
+    # a point without the plain call's score, or a far point, keeps its order
+    t = _table({key: [scored(128, w, flash_attn4=1.0, sdpa_cudnn=1.01)]})
+    assert table.decide(c, t, table.Rule(plain_margin=0.5)).order[0] == "flash_attn4"
+    with pytest.raises(ValueError, match="plain_margin must be in"):
+        table.Rule(plain_margin=1.0)
+
+
 @pytest.mark.parametrize(("args", "msg"), [
     (["--cross-check", "{missing}"], "--cross-check: {missing}: no such file"),
     (["--cross-check", "{good}", "--out", "{good}"], "is one of the --cross-check inputs"),
@@ -1518,9 +1561,13 @@ def test_the_shipped_rule_is_among_the_cross_checked_variants_and_the_old_order_
         "the blend weighed by the sum of offsets (shipped since 2026-12-06, session 18)"]
     assert named["the sibling dtype after the other kv sharing (shipped 2026-12-05 to 2026-12-06)"].far_seqlen_log2 == 0
     assert all(r.far_seqlen_log2 == 0 for n, r in named.items()
-               if "sequence length" not in n and "sum of offsets" not in n)
+               if "sequence length" not in n and "sum of offsets" not in n and "plain call" not in n)
     # every variant scored before the sum of offsets keeps the largest offset it was scored with
-    assert all(r.blend_distance == "max" for n, r in named.items() if "sum of offsets" not in n)
+    assert all(r.blend_distance == "max" for n, r in named.items()
+               if "sum of offsets" not in n and "plain call" not in n)
+    # the plain-call margin: scored on the shipped rule, not shipped (it is 0 there)
+    assert table.RULE.plain_margin == 0 and all(
+        replace(r, plain_margin=0.0) == table.RULE for n, r in named.items() if "plain call" in n)
     assert named["the sequence length a distance too, far 8x (shipped 2026-12-06)"] == replace(
         table.RULE, blend_distance="max")
     assert named["+ the deciding cell's and its sibling dtype's near points blended (0.25)"].relax == ("kv", "causal")

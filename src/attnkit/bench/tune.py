@@ -42,6 +42,7 @@ from attnkit.bench.shapes import Shape, mixed_lengths, varlen
 from attnkit.errors import UsageError, first_line, out_of_memory
 from attnkit.runtime.call import AttentionCall, normalise_mask
 from attnkit.runtime.priority import rows_order
+from attnkit.runtime.table import PLAIN as PLAIN_BACKEND
 from attnkit.runtime.table import SCHEMA, Rule, log2_seqlen
 from attnkit.runtime.table import cell_of as table_cell
 from attnkit.runtime.table import decide as table_decide
@@ -830,6 +831,10 @@ CROSS_CHECK_RULES: dict[str, Rule | None] = {
     "the blend weighed by the sum of offsets (shipped since 2026-12-06, session 18)": Rule(),
     "the blend weighed by the sum of offsets, the sequence length far 4x": Rule(far_seqlen_log2=2.0),
     "the blend weighed by the sum of offsets, work far 8x": Rule(far_log2=3.0),
+    # the plain call first where it scored within a margin of the first backend (2026-12-06, session 21)
+    "the plain call first within 2%": Rule(plain_margin=0.02),
+    "the plain call first within 5%": Rule(plain_margin=0.05),
+    "the plain call first within 10%": Rule(plain_margin=0.10),
 }
 
 
@@ -881,13 +886,15 @@ def _cross_check(files: list[Path], full: dict[str, Any], rules: dict[str, Rule 
                 if pick is None:
                     skipped[name] += 1
                     continue
+                vs_plain = {f"plain_{m}": t[PLAIN_BACKEND][m] / t[pick][m] for m in ("sync", "b2b")
+                            if PLAIN_BACKEND in t}
                 rows[name].append({"case": label, "pass": ps, "source": source, "pick": pick,
-                                   **{m: best[m] / t[pick][m] for m in ("sync", "b2b")}})
+                                   **{m: best[m] / t[pick][m] for m in ("sync", "b2b")}, **vs_plain})
     return {"files": [str(f) for f in files], "arch": full["arch"], "cases": len(results), "hide_cell": hide_cell,
             "provenance": full["provenance"],
             "rules": {name: {"rule": asdict(rule) if rule is not None else None,
                              "summary": {**_cross_summary(rows[name]), "skipped": skipped[name]},
-                             "calls": [{**x, "sync": round(x["sync"], 4), "b2b": round(x["b2b"], 4)}
+                             "calls": [{k: round(v, 4) if isinstance(v, float) else v for k, v in x.items()}
                                        for x in rows[name]]}
                       for name, rule in rules.items()}}
 
@@ -989,10 +996,19 @@ def _cross_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if not rows:
         return {"calls": 0}
     worst = [min(x["sync"], x["b2b"]) for x in rows]
+    plain = [min(x["plain_sync"], x["plain_b2b"]) for x in rows if "plain_sync" in x]
+    # the pick against the plain call, where the case timed it: the sweep times it as PLAIN_BACKEND forced (`sdpa`,
+    # torch choosing its own kernel: the plain call's route since 2026-12-06, session 20)
+    vs_plain = {} if not plain else {
+        "vs_plain_calls": len(plain),
+        **{f"vs_plain_geomean_{m}": _geomean(x[f"plain_{m}"] for x in rows if "plain_sync" in x)
+           for m in ("sync", "b2b")},
+        "vs_plain_share_below_0.98": round(sum(w < 0.98 for w in plain) / len(plain), 3),
+        "vs_plain_min_worse_mode": round(min(plain), 4)}
     return {"calls": len(rows), "decided_by_table": sum(x["source"] == "table" for x in rows),
             **{f"geomean_{m}": _geomean(x[m] for x in rows) for m in ("sync", "b2b")},
             "share_both_modes_ge_0.90": round(sum(w >= 0.9 for w in worst) / len(worst), 3),
-            "min_worse_mode": round(min(worst), 4)}
+            "min_worse_mode": round(min(worst), 4), **vs_plain}
 
 
 # -- held-out validation ---------------------------------------------------------------------------------------

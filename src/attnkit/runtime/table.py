@@ -51,6 +51,11 @@ The rule, in full (`RULE`, a `Rule`: its knobs are data, so `attnkit tune --cros
    the table's own cases 0.993 / 0.993 against 0.992 / 0.991; the held-out validates of five sessions keep every
    pick (docs/results/2026-12-06-dev-tune-cross-check-702-cases-blend-sum.json and its -hide-cell twin;
    docs/results/2026-12-06-dev-rescore-5-validates-blend-sum.json).
+   The PLAIN CALL is not preferred (`Rule.plain_margin` 0): putting it first wherever it scored within 2% of the
+   lead cut the leave-one-out calls below 0.98 of it from 11.7% to 9.0%, but cost 0.960 / 0.950 -> 0.958 / 0.947
+   against the fastest; 5% and 10% cost more (0.956 / 0.945, 0.953 / 0.941), and 5% cost the held-out validates
+   0.02-0.04 in every column (docs/results/2026-12-06-dev-plain-margin-scored.json). A lead that small is the
+   sweep's repeat noise either way, so the measured order stands.
 4. No table for the GPU's architecture, none of the call's cells, or only far points: the hand-written rows of
    runtime/priority.py decide, and the decision says which table point was too far. The opt-in autotune
    ($ATTNKIT_AUTOTUNE=1) measures such calls on the spot.
@@ -130,6 +135,11 @@ class Rule:
     # in two features (work and sequence length, say) votes less than one off in a single one, or "max", the
     # largest (rule 2's distance; the rule until 2026-12-06). Which points are near stays rule 2's
     blend_distance: str = "sum"
+    # > 0: the plain call (PLAIN, torch's own pick) goes first wherever its score (the point's, or the blend's
+    # weighted mean) is within this fraction of the first backend's: a lead that small is within the sweep's
+    # repeat noise, and a pick that is not the plain call can then lose to it by as much (0: the order as
+    # measured, the rule until 2026-12-06, session 21)
+    plain_margin: float = 0.0
 
     def __post_init__(self) -> None:
         if not (self.far_log2 > 0 and self.far_head_dim_log2 > 0):
@@ -140,6 +150,8 @@ class Rule:
             raise ValueError("Rule: blend must be >= 0")
         if not self.far_seqlen_log2 >= 0:
             raise ValueError("Rule: far_seqlen_log2 must be >= 0 (0: the sequence length is not used)")
+        if not 0 <= self.plain_margin < 1:
+            raise ValueError("Rule: plain_margin must be in [0, 1) (a fraction of the first backend's score)")
         if self.blend_distance not in ("max", "sum"):
             raise ValueError("Rule: blend_distance must be 'max' or 'sum'")
         if not self.head_dim_up >= 1:
@@ -392,8 +404,26 @@ def decide(call: AttentionCall, table: dict[str, Any], rule: Rule = RULE) -> Dec
                 if distance(p, hd, w, rule, sl) <= 1.0 and p.get("scores")]
         if len(near) > 1 and pt.get("scores"):
             order = blended_order(near, rule.blend, pt["order"])
-            return Decision("table", f"{label}, blended with {len(near) - 1} more near point(s)", order)
-    return Decision("table", label, tuple(pt["order"]), far=far)
+            label = f"{label}, blended with {len(near) - 1} more near point(s)"
+            return Decision("table", *prefer_plain(order, blended_scores(near, rule.blend), rule, label))
+    if far:
+        return Decision("table", label, tuple(pt["order"]), far=True)
+    return Decision("table", *prefer_plain(tuple(pt["order"]), pt.get("scores") or {}, rule, label))
+
+
+PLAIN = "sdpa"  # the plain call: F.scaled_dot_product_attention choosing its own kernel (Rule.plain_margin)
+
+
+def prefer_plain(order: tuple[str, ...], scores: dict[str, float], rule: Rule,
+                 label: str) -> tuple[str, tuple[str, ...]]:
+    """Rule.plain_margin: (label, order) with PLAIN moved first where it scored within the margin of the first."""
+    if rule.plain_margin <= 0 or not order or order[0] == PLAIN or PLAIN not in scores or order[0] not in scores:
+        return label, order
+    if scores[PLAIN] > scores[order[0]] * (1.0 + rule.plain_margin):
+        return label, order
+    lead = scores[PLAIN] / scores[order[0]]
+    return (f"{label}, the plain call within {lead - 1:.1%} of {order[0]}",
+            (PLAIN, *(n for n in order if n != PLAIN)))
 
 
 BLEND_MISSING = 3.0  # a backend a near point did not time counts this much slower than its fastest (tune's PRUNE)
@@ -403,9 +433,15 @@ def blended_order(near: list[tuple[float, dict[str, Any]]], blend: float, first:
     """Rule.blend: the backends scored at any of `near` (blend distance, point), by their weighted mean log score (the
     weighted sum: every backend shares the weights, so it ranks alike); ties, and backends no near point scored,
     in the nearest point's order."""
-    names = {n for _, p in near for n in p["scores"]}
-    total = {n: sum(math.log(max(1.0, p["scores"].get(n, BLEND_MISSING))) / (blend + d) for d, p in near)
-             for n in names}
+    total = blended_scores(near, blend)
     rank = {n: i for i, n in enumerate(first)}
-    scored = sorted(names, key=lambda n: (total[n], rank.get(n, len(rank))))
-    return tuple(scored) + tuple(n for n in first if n not in names)
+    scored = sorted(total, key=lambda n: (total[n], rank.get(n, len(rank))))
+    return tuple(scored) + tuple(n for n in first if n not in total)
+
+
+def blended_scores(near: list[tuple[float, dict[str, Any]]], blend: float) -> dict[str, float]:
+    """Each backend any of `near` scored: the weighted geometric mean of its scores (a ratio >= 1 to the fastest)."""
+    names = {n for _, p in near for n in p["scores"]}
+    weight = sum(1.0 / (blend + d) for d, _ in near)
+    return {n: math.exp(sum(math.log(max(1.0, p["scores"].get(n, BLEND_MISSING))) / (blend + d)
+                            for d, p in near) / weight) for n in names}
