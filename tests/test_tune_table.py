@@ -1279,6 +1279,9 @@ def test_the_plain_margin_moves_the_plain_call_first_only_within_the_margin():
     # a point without the plain call's score, or a far point, keeps its order
     t = _table({key: [scored(128, w, flash_attn4=1.0, sdpa_cudnn=1.01)]})
     assert table.decide(c, t, table.Rule(plain_margin=0.5)).order[0] == "flash_attn4"
+    t = _table({key: [scored(128, w + 5, flash_attn4=1.0, sdpa=1.01)]})  # 32x the work away: far, rule 4 decides
+    d = table.decide(c, t, table.Rule(plain_margin=0.5))
+    assert d.far and d.order == ("flash_attn4", "sdpa") and "plain call" not in d.label
     with pytest.raises(ValueError, match="plain_margin must be in"):
         table.Rule(plain_margin=1.0)
 

@@ -54,7 +54,7 @@ The rule, in full (`RULE`, a `Rule`: its knobs are data, so `attnkit tune --cros
    The PLAIN CALL is not preferred (`Rule.plain_margin` 0): putting it first wherever it scored within 2% of the
    lead cut the leave-one-out calls below 0.98 of it from 11.7% to 9.0%, but cost 0.960 / 0.950 -> 0.958 / 0.947
    against the fastest; 5% and 10% cost more (0.956 / 0.945, 0.953 / 0.941), and 5% cost the held-out validates
-   0.02-0.04 in every column (docs/results/2026-12-06-dev-plain-margin-scored.json). A lead that small is the
+   0.014-0.041 in every column (docs/results/2026-12-06-dev-plain-margin-scored.json). A lead that small is the
    sweep's repeat noise either way, so the measured order stands.
 4. No table for the GPU's architecture, none of the call's cells, or only far points: the hand-written rows of
    runtime/priority.py decide, and the decision says which table point was too far. The opt-in autotune
