@@ -996,13 +996,13 @@ def _cross_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if not rows:
         return {"calls": 0}
     worst = [min(x["sync"], x["b2b"]) for x in rows]
-    plain = [min(x["plain_sync"], x["plain_b2b"]) for x in rows if "plain_sync" in x]
     # the pick against the plain call, where the case timed it: the sweep times it as PLAIN_BACKEND forced (`sdpa`,
     # torch choosing its own kernel: the plain call's route since 2026-12-06, session 20)
+    timed = [x for x in rows if "plain_sync" in x]
+    plain = [min(x["plain_sync"], x["plain_b2b"]) for x in timed]
     vs_plain = {} if not plain else {
         "vs_plain_calls": len(plain),
-        **{f"vs_plain_geomean_{m}": _geomean(x[f"plain_{m}"] for x in rows if "plain_sync" in x)
-           for m in ("sync", "b2b")},
+        **{f"vs_plain_geomean_{m}": _geomean(x[f"plain_{m}"] for x in timed) for m in ("sync", "b2b")},
         "vs_plain_share_below_0.98": round(sum(w < 0.98 for w in plain) / len(plain), 3),
         "vs_plain_min_worse_mode": round(min(plain), 4)}
     return {"calls": len(rows), "decided_by_table": sum(x["source"] == "table" for x in rows),

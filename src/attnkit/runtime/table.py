@@ -403,9 +403,9 @@ def decide(call: AttentionCall, table: dict[str, Any], rule: Rule = RULE) -> Dec
         near = [(_blend_distance(p, hd, w, rule, sl), p) for p in pool
                 if distance(p, hd, w, rule, sl) <= 1.0 and p.get("scores")]
         if len(near) > 1 and pt.get("scores"):
-            order = blended_order(near, rule.blend, pt["order"])
+            scores = blended_scores(near, rule.blend)
             label = f"{label}, blended with {len(near) - 1} more near point(s)"
-            return Decision("table", *prefer_plain(order, blended_scores(near, rule.blend), rule, label))
+            return Decision("table", *prefer_plain(blended_order(scores, pt["order"]), scores, rule, label))
     if far:
         return Decision("table", label, tuple(pt["order"]), far=True)
     return Decision("table", *prefer_plain(tuple(pt["order"]), pt.get("scores") or {}, rule, label))
@@ -429,18 +429,17 @@ def prefer_plain(order: tuple[str, ...], scores: dict[str, float], rule: Rule,
 BLEND_MISSING = 3.0  # a backend a near point did not time counts this much slower than its fastest (tune's PRUNE)
 
 
-def blended_order(near: list[tuple[float, dict[str, Any]]], blend: float, first: list[str]) -> tuple[str, ...]:
-    """Rule.blend: the backends scored at any of `near` (blend distance, point), by their weighted mean log score (the
-    weighted sum: every backend shares the weights, so it ranks alike); ties, and backends no near point scored,
-    in the nearest point's order."""
-    total = blended_scores(near, blend)
+def blended_order(total: dict[str, float], first: list[str]) -> tuple[str, ...]:
+    """Rule.blend: the backends the near points scored (`blended_scores`), fastest first; ties, and backends no near
+    point scored, in the nearest point's order."""
     rank = {n: i for i, n in enumerate(first)}
     scored = sorted(total, key=lambda n: (total[n], rank.get(n, len(rank))))
     return tuple(scored) + tuple(n for n in first if n not in total)
 
 
 def blended_scores(near: list[tuple[float, dict[str, Any]]], blend: float) -> dict[str, float]:
-    """Each backend any of `near` scored: the weighted geometric mean of its scores (a ratio >= 1 to the fastest)."""
+    """Each backend any of `near` (blend distance, point) scored: the weighted geometric mean of its scores (a ratio
+    >= 1 to the fastest), each point weighted 1 / (blend + its distance)."""
     names = {n for _, p in near for n in p["scores"]}
     weight = sum(1.0 / (blend + d) for d, _ in near)
     return {n: math.exp(sum(math.log(max(1.0, p["scores"].get(n, BLEND_MISSING))) / (blend + d)
