@@ -565,16 +565,32 @@ def test_the_plan_covers_every_cell_and_every_level_and_any_prefix_is_balanced(m
         twin = tune.shape_for(cell, s.head_dim, float(s.label.split("|")[7][1:]), True, 0)
         assert (s.seqlen_q * tune.WIDE, s.batch) == (twin.seqlen_q, twin.batch * tune.WIDE ** 2)
         assert s.batch * s.seqlen_q ** 2 == twin.batch * twin.seqlen_q ** 2 and s.batch * s.heads >= 256
+    start += n_wide
+    # stage 1e: the basic half-precision cells at the common head dims at TINY_WORK_LOG2 (a few us of work), below
+    # every other stage's levels, in training where the query shape trains
+    # (a query shape whose smallest call does more than twice the level's work is left out: chunked prefill)
+    n_tiny = sum(s.label.split("|")[7] == f"w{tune.TINY_WORK_LOG2[0]}" for s in cases)
+    tiny = cases[start:start + n_tiny]
+    reached = {(tuple(map(str, c)), d, w) for c in half for d in tune.COMMON_HEAD_DIMS for w in tune.TINY_WORK_LOG2
+               if (x := tune.shape_for(c, d, float(w), False, 0)).batch * x.heads * x.seqlen_q * x.seqlen_k * d
+               <= 2 ** (w + 1)}
+    assert {(tuple(s.label.split("|")[:6]), s.head_dim, int(s.label.split("|")[7][1:])) for s in tiny} == reached
+    assert {s.label.split("|")[3] for s in tiny} >= {"decode", "few", "equal", "more"}
+    assert not any("|chunk|" in s.label and s.head_dim == 128 for s in tiny)  # 2^26-2^27: the grid reaches them
+    assert all(s.train == ("|decode|" not in s.label and "|few|" not in s.label) for s in tiny)
+    assert max(tune.TINY_WORK_LOG2) + 2 < min(tune.WORK_LOG2)  # "near" reaches 4x: the lowest level leaves them out
+    works = [s.batch * s.heads * s.seqlen_q * s.seqlen_k * s.head_dim for s in tiny]
+    assert max(works) <= 2 ** (max(tune.TINY_WORK_LOG2) + 1) and min(works) >= 2 ** (min(tune.TINY_WORK_LOG2) - 2)
     # a later stage's point that the packed stage measured already comes once, where it first comes
     monkeypatch.setattr(tune, "packed", lambda *a: [])
     unpacked = tune.plan()
     packed_labels = {s.label for s in packed}
     overlap = len(packed_labels & {s.label for s in unpacked})
     assert len(cases) == (tune.BASIC_POINTS * len(basic) + tune.POINTS_PER_CELL * (len(cells) - len(basic))
-                          + n_dense + n_packed + n_wide - overlap)
+                          + n_dense + n_packed + n_wide + n_tiny - overlap)
     # stage 2: every other cell once (a cell whose first point the packed stage measured: there)
-    n_dense += n_packed + n_wide  # (the stages after 1d start that much later)
-    dense += packed + wide
+    n_dense += n_packed + n_wide + n_tiny  # (the stages after 1e start that much later)
+    dense += packed + wide + tiny
     a = 2 * len(basic) + n_dense
     unpacked_second = unpacked[a - n_packed:a - n_packed + len(cells) - len(basic)]
     second = cases[a:a + len(cells) - len(basic) - len([s for s in unpacked_second if s.label in packed_labels])]
@@ -585,7 +601,8 @@ def test_the_plan_covers_every_cell_and_every_level_and_any_prefix_is_balanced(m
     assert len(first) == len(cells)  # the first two stages measure every cell
     assert {s.head_dim for s in cases} == set(tune.HEAD_DIMS)
     assert {s.label.split("|")[7] for s in cases} == {f"w{w}" for w in (
-        *tune.WORK_LOG2, *tune.DENSE_WORK_LOG2, *(w for ws in tune.PACKED_WORK_LOG2.values() for w in ws))}
+        *tune.WORK_LOG2, *tune.DENSE_WORK_LOG2, *(w for ws in tune.PACKED_WORK_LOG2.values() for w in ws),
+        *tune.TINY_WORK_LOG2)}
     assert {s.label.split("|")[7] for s in cases if s not in dense} == {f"w{w}" for w in tune.WORK_LOG2}
     assert len({s.label for s in cases}) == len(cases)
     for s in cases[:200]:

@@ -63,6 +63,7 @@ WIDE = 4  # `wide`: the sequence 4x shorter than shape_for's, the batch 16x larg
 # `packed`: work levels per length class, within what it reaches (shape_for packs at most 512 sequences; a short
 # case's call does ~4x its level's work: its longest sequence, 64, sets the padded length), short first
 PACKED_WORK_LOG2 = {"short": (27, 29, 25), "mixed": (31, 35), "long": (35, 37)}
+TINY_WORK_LOG2 = (24,)  # `tiny`: calls of a few us of GPU work (B1 S128 H8 D64 is 2^23), below WORK_LOG2's lowest level
 PRUNE = 3.0  # a backend 3x slower than the fastest in its first calls is not timed further (bench_shape's prune)
 FEATURES: dict[str, tuple[Any, ...]] = {"head_dim": HEAD_DIMS, "dtype": DTYPES, "causal": (True, False), "kv": tuple(KV),
             "query_shape": QUERY_SHAPES, "extra": EXTRAS, "varlen": VARLEN, "log2_work": WORK_LOG2,
@@ -206,12 +207,32 @@ def packed(cells: list[tuple[Any, ...]], order: list[int], train_ok: bool) -> li
     return out
 
 
+def tiny(cells: list[tuple[Any, ...]], order: list[int], train_ok: bool) -> list[Shape]:
+    """The basic half-precision cells at COMMON_HEAD_DIMS at TINY_WORK_LOG2, training where the grid trains: calls
+    whose kernels take a few us, so each route's host time decides (the plain call's, a kernel's op called
+    directly, the cuDNN gradient-layout hook's in a backward). The grid's lowest level is 2^27 and "near" reaches
+    4x (runtime/table.py), so below ~2^25 no point decided and the hand-written 'small' row did: torch's own pick,
+    read off a forward-only bench. On 2026-12-06 (H100) a B1 S128 H8 D64 training call (2^23) ran 0.83-0.91 of
+    the plain call's speed there, where flash's op called directly ran 0.95-1.08.
+    A query shape whose smallest call (shape_for's floors: a chunk of 64 queries against 512 keys) does more than
+    twice a level's work is left out there: the grid's own levels reach it."""
+    out = []
+    for lw in TINY_WORK_LOG2:
+        for hd in COMMON_HEAD_DIMS:
+            for i in order:
+                if basic(cells[i]) and cells[i][0] in HALF:
+                    s = shape_for(cells[i], hd, float(lw), train_ok and cells[i][3] not in ("decode", "few"), seed=i)
+                    if s.batch * s.heads * s.seqlen_q * s.seqlen_k * s.head_dim <= 2.0 ** (lw + 1):
+                        out.append(s)
+    return out
+
+
 def plan(grid: dict[str, tuple[Any, ...]] | None = None, points: int | None = None) -> list[Shape]:
     """The fractional design, in stages whose every prefix is balanced over the stage's cells: the basic cells'
     first two points (head dims COMMON_HEAD_DIMS, the ones most models use), then those cells in half precision
     at the common head dims on a finer lattice in work (`dense`), then the plain packed cells (`packed`), then the
-    basic cells with equal lengths again at a shorter sequence and a larger batch (`wide`), then every other
-    cell's first point, then the rest. A session's timed budget measures 100-200 cases (191 in 380 s on 2026-12-03): the first ones measure the calls most models make, at
+    basic cells with equal lengths again at a shorter sequence and a larger batch (`wide`), then the basic
+    half-precision cells at a few us of work (`tiny`), then every other cell's first point, then the rest. A session's timed budget measures 100-200 cases (191 in 380 s on 2026-12-03): the first ones measure the calls most models make, at
     their head dims, before the features few of them use."""
     grid = grid or FEATURES
     quick = grid is QUICK
@@ -244,7 +265,8 @@ def plan(grid: dict[str, tuple[Any, ...]] | None = None, points: int | None = No
     for want_basic, k in stages:
         out += [per_cell[i][k] for i in order if k < len(per_cell[i]) and basic(cells[i]) == want_basic]
         if (want_basic, k) == (True, 1) and not quick and points is None:
-            out += dense(cells, order, train_ok) + packed(cells, order, train_ok) + wide(cells, order, train_ok)
+            out += (dense(cells, order, train_ok) + packed(cells, order, train_ok) + wide(cells, order, train_ok)
+                    + tiny(cells, order, train_ok))
     first: dict[str, Shape] = {}
     for s in out:  # a lattice point the grid has already: measured once, where it first comes
         first.setdefault(s.label, s)
