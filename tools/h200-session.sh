@@ -20,7 +20,8 @@
 #             oracle report (the grid's passes run what it left, merged with it); SMOKE_ONLY="--backend ..." the
 #             smoke's rows for those backends only (one process); WHL_DIR a smaller wheel folder than .whl to carry.
 #             On a machine still warm from an earlier `start` (its results fetched by `wait`), `start` again needs no
-#             carry: the install is skipped and $S/ak-cache (FA4's and flex's compiled kernels) kept, so e.g.
+#             carry: the install is skipped, $S/ak-cache (FA4's and flex's compiled kernels) kept, and the earlier
+#             run's sweep file resumed unless TUNE_FROM names others, so e.g.
 #             ORDER=bench BENCH_RESUME=... compiles nothing again. A bare `python3 -m attnkit.cli ...` there does
 #             not see that cache (2026-12-06: such a bench spent its 190 s compiling FA4)
 #   wait [S]  every later call (no carry): up to S seconds (default 540) for the job to end, then its results
@@ -402,7 +403,13 @@ case $step in
   start)
     if [ -d .fa4c ]; then cp .fa4c/*.whl /root/fa4/ || exit 1; fi   # the small wheels, when `split` moved them
     OUT=$OUT bash tools/h200-runtime.sh install || exit 1
-    rm -rf "$S/src" "$R" && mkdir -p "$R" && cp -r src "$S/src"   # a warm machine's earlier run: not this one's
+    # a warm machine's earlier run: not this one's, but for its sweep file, which this run resumes unless TUNE_FROM
+    # names others (2026-12-06: a second start without TUNE_FROM began the sweep again and re-timed 25 done cases)
+    # (TUNE_FROM=/dev/null starts the sweep afresh; a copy left by a start cut between the two moves is kept)
+    if [ -n "${TUNE_FROM:-}" ]; then rm -f "$S/tune-earlier.jsonl"
+    elif [ -s "$R/tune.jsonl" ]; then mv "$R/tune.jsonl" "$S/tune-earlier.jsonl"; fi
+    rm -rf "$S/src" "$R" && mkdir -p "$R" && cp -r src "$S/src"
+    [ -s "$S/tune-earlier.jsonl" ] && mv "$S/tune-earlier.jsonl" "$R/tune.jsonl"
     : > "$R/phases.log"   # `wait` reads a machine without it as a bare one
     cp "$OUT/nvidia-smi.txt" "$R/" 2>/dev/null
     # TUNE_FROM=<an earlier session's tune .jsonl in the tree>: the timed sweep resumes it (752 cases do not fit

@@ -174,8 +174,9 @@ def wide(cells: list[tuple[Any, ...]], order: list[int], train_ok: bool) -> list
     level with the longest sequence and batch 1-2 (batch x heads 16-64), where real training and prefill run
     batch x heads 64-512 at shorter sequences. On 2026-12-03 the validate shapes' fwd+bwd at the cuDNN/FA4
     crossover (2^33-2^36) lost up to 17% to such points: Falcon-7B's B4 x 71 heads at S2048 runs faster on FA4
-    where the grid's B2 x 16 heads at S4096 ran faster on cuDNN. A wide case lands on its long twin's table
-    point (same cell, head dim and work), and `merge` averages the two: the point stands for both splits."""
+    where the grid's B2 x 16 heads at S4096 ran faster on cuDNN. A wide case has its long twin's cell, head dim and
+    work; since 2026-12-06 `merge` keeps the two apart by sequence length (Rule.far_seqlen_log2), where it had
+    averaged them into one point."""
     out = []
     for lw in WIDE_WORK_LOG2:
         for hd in COMMON_HEAD_DIMS:
@@ -214,8 +215,9 @@ def tiny(cells: list[tuple[Any, ...]], order: list[int], train_ok: bool) -> list
     4x (runtime/table.py), so below ~2^25 no point decided and the hand-written 'small' row did: torch's own pick,
     read off a forward-only bench. On 2026-12-06 (H100) a B1 S128 H8 D64 training call (2^23) ran 0.83-0.91 of
     the plain call's speed there, where flash's op called directly ran 0.95-1.08.
-    A query shape whose smallest call (shape_for's floors: a chunk of 64 queries against 512 keys) does more than
-    twice a level's work is left out there: the grid's own levels reach it."""
+    A cell whose smallest call at a head dim (shape_for's floors: a chunk of 64 queries against 512 keys, a sequence
+    of 64 keys; more kv heads and a larger head dim do more work) does more than twice a level's work is left out
+    at that head dim: the grid's own levels reach it (14 of the 72: chunked prefill, GQA with more queries)."""
     out = []
     for lw in TINY_WORK_LOG2:
         for hd in COMMON_HEAD_DIMS:

@@ -142,7 +142,9 @@ ROWS: tuple[Row, ...] = (
         f"{FLEX}: a windowed decode step (one query, GQA): FA4 0.48 ms, about 2x attnkit's SDPA pick with a "
         "mask; ahead of 'small', where every decode step's work is", {"decode": True, "window": True, "dtype": HALF}),
     Row("small", SM90, ("sdpa",),
-        f"{BENCH}: 'small *', 'cross fp16 Sq1024 Sk77': the plain call is fastest, FA4 2.5-4x slower",
+        f"{BENCH}: 'small *', 'cross fp16 Sq1024 Sk77': the plain call is fastest, FA4 2.5-4x slower (forward "
+        "only); since 2026-12-06 the table's tiny points (2^24 work) decide the basic cells' calls down to ~2^22, "
+        "where flash's op called directly or FA4 often measured faster (bench/tune.py `tiny`)",
         {"small": True, "dtype": HALF}),
     Row("ALiBi training", SM90, ("flex",),
         f"{FLEX}: ALiBi causal B8 S2048 H16 D128 bf16 fwd+bwd: flex Triton 2.08 ms, flex FLASH "
