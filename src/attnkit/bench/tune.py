@@ -219,13 +219,11 @@ def tiny(cells: list[tuple[Any, ...]], order: list[int], train_ok: bool) -> list
     of 64 keys; more kv heads and a larger head dim do more work) does more than twice a level's work is left out
     at that head dim: the grid's own levels reach it (14 of the 72: chunked prefill, GQA with more queries)."""
     out = []
-    for lw in TINY_WORK_LOG2:
-        for hd in COMMON_HEAD_DIMS:
-            for i in order:
-                if basic(cells[i]) and cells[i][0] in HALF:
-                    s = shape_for(cells[i], hd, float(lw), train_ok and cells[i][3] not in ("decode", "few"), seed=i)
-                    if s.batch * s.heads * s.seqlen_q * s.seqlen_k * s.head_dim <= 2.0 ** (lw + 1):
-                        out.append(s)
+    for lw, hd, i in itertools.product(TINY_WORK_LOG2, COMMON_HEAD_DIMS, order):
+        if basic(cells[i]) and cells[i][0] in HALF:
+            s = shape_for(cells[i], hd, float(lw), train_ok and cells[i][3] not in ("decode", "few"), seed=i)
+            if _call_of(asdict(s), False).work <= 2.0 ** (lw + 1):  # the runtime's own work (AttentionCall.work)
+                out.append(s)
     return out
 
 
