@@ -20,7 +20,7 @@ from test_selection import call, fake_probe
 
 from attnkit.bench import tune
 from attnkit.errors import UsageError
-from attnkit.runtime import layout, priority, table
+from attnkit.runtime import layout, loaders, priority, table
 from attnkit.runtime import select as sel
 from attnkit.runtime.attention import attention
 from attnkit.runtime.backends import REGISTRY
@@ -349,6 +349,31 @@ def test_flex_flash_is_off_unless_opted_in(monkeypatch):
     # selection never reaches it by default: ALiBi, forward or training, goes to flex's Triton kernels
     monkeypatch.delenv("ATTNKIT_EXPERIMENTAL_FLEX_FLASH")
     assert sel.SELECTOR.select(call(alibi=True, requires_grad=False), ok).name == "flex"
+
+
+def test_the_race_calls_flex_flash_without_the_opt_in_and_only_where_it_can_run(monkeypatch):
+    """The bench and --validate race torch's flex on its FLASH backend (FA4's kernels with the score_mod compiled
+    in) as a library call: the opt-in guards attention()'s picks, not a measurement, which records errors itself."""
+    from attnkit.bench.candidates import LIBRARIES, _library_reasons
+
+    monkeypatch.delenv("ATTNKIT_EXPERIMENTAL_FLEX_FLASH", raising=False)
+    ok = fake_probe((9, 0), ("flash-attn-4",))
+    assert "flex_flash" in LIBRARIES and REGISTRY["flex_flash"].check(call(alibi=True), ok) == [flex_mod.FLASH_BROKEN]
+    assert _library_reasons("flex_flash", call(alibi=True), ok) == []
+    assert _library_reasons("flex_flash", call(alibi=True), fake_probe((9, 0))) == ["flash-attn-4 is not installed"]
+    assert "has kernels for compute capability 9.0-10.3" in "; ".join(
+        _library_reasons("flex_flash", call(alibi=True), fake_probe((8, 0), ("flash-attn-4",))))
+    assert "no dropout support" in _library_reasons("flex_flash", call(dropout=True), ok)
+    # FA4 that does not load is said as such, opted in or not, and the race leaves the call out
+    monkeypatch.setitem(loaders.FA4_STATE, "error", "flash_attn.cute does not import: undefined symbol")
+    assert _library_reasons("flex_flash", call(alibi=True), ok) == ["flash_attn.cute does not import: undefined symbol"]
+    monkeypatch.setenv("ATTNKIT_EXPERIMENTAL_FLEX_FLASH", "1")
+    assert REGISTRY["flex_flash"].check(call(alibi=True), ok) == ["flash_attn.cute does not import: undefined symbol"]
+    monkeypatch.delenv("ATTNKIT_EXPERIMENTAL_FLEX_FLASH")
+    monkeypatch.delitem(loaders.FA4_STATE, "error")
+    old = replace(ok, torch=replace(ok.torch, version="2.10.0"))
+    assert "needs torch >= 2.11" in _library_reasons("flex_flash", call(), old)[0]
+    assert _library_reasons("flex", call(alibi=True), ok) == REGISTRY["flex"].check(call(alibi=True), ok) == []
 
 
 def test_flex_compiles_one_entry_point_per_signature():
@@ -893,6 +918,8 @@ def test_match_narrows_the_timed_run_and_the_compile_phase_alike(monkeypatch, tm
     listed = tune.compiled_path(out).read_text().split()
     wanted = [s.label for s in tune.plan(tune.QUICK) if "w18" in s.label]
     assert listed == wanted and set(compiled) == held_out | set(wanted) and len(wanted) < len(tune.plan(tune.QUICK))
+    # the cases asked for are compiled before the held-out shapes (without --match the held-out shapes go first)
+    assert compiled[:len(wanted)] == wanted and sorted(compiled[len(wanted):]) == sorted(held_out)
     r = tune.run(out, quick=True, match="w18", only_compiled=True, max_cases=2, say=lambda *_: None)
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert r["ran"] == 2 and lines[0]["match"] == "w18" and lines[0]["planned"] == len(wanted)

@@ -58,7 +58,7 @@
 #               earlier session's report cut short, continued with --resume: same machine kind only);
 #             rebench: `attnkit bench` again for REBENCH_SHAPES="label;label" into bench-again.json (REBENCH_S s);
 #             tune: (TUNE_MATCH=REGEX: only the plan's cases whose label it finds, `tune --match`, timed and
-#               compiled; the held-out shapes are compiled all the same, for validate) the plan's JIT kernels (FA4, flex) and the held-out shapes' compiled by SHARDS CPU shards
+#               compiled; the held-out shapes are compiled all the same, for validate, after the matched cases) the plan's JIT kernels (FA4, flex) and the held-out shapes' compiled by SHARDS CPU shards
 #               (TUNE_COMPILE s), the timed sweep alone on the GPU over what they compiled (TUNE_BUDGET s;
 #               ONLY_COMPILED=0 times the rest too), merged into sm90.json + PNG; --validate against that table
 #               (VALIDATE_S s, VALIDATE_MATCH=REGEX its shapes whose label it finds; it writes each shape as it lands).

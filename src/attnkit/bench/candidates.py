@@ -12,7 +12,9 @@ from attnkit.runtime.shape import Shape, make_inputs
 
 PLAIN = "sdpa_plain"
 AUTO = "attnkit"
-LIBRARIES = ("flash_attn4", "flash_attn2", "xformers", "flex")  # library functions called directly, when installed
+# library functions called directly, when installed; flex_flash is torch's flex on its FLASH backend, FA4's CuTe
+# kernels with the score_mod compiled in: the route the issue names for ALiBi through FA4's score_mod
+LIBRARIES = ("flash_attn4", "flash_attn2", "xformers", "flex", "flex_flash")
 MATH_MAX_SCORES = 1 << 26  # sdpa_math materialises B*H*Sq*Sk scores: bench it only where that is small
 
 
@@ -110,7 +112,7 @@ class Case:
             pq, pk, pv = self.padded if self.s.lengths is not None else (q, k, v)
             runs[PLAIN] = lambda: self.plain(pq, pk, pv)
         for lib in () if backends_only else LIBRARIES:
-            why = REGISTRY[lib].check(call, p)
+            why = _library_reasons(lib, call, p)
             direct = None if why else _library_call(lib, self)
             if direct is None:
                 absent[lib] = "; ".join(why) or "no direct call for this shape"
@@ -171,6 +173,21 @@ def _plain_bias(s: Shape, slopes: Any, mask: Any, causal: bool, device: str, dty
     return bias.to(dtype)
 
 
+def _library_reasons(lib: str, call: Any, p: Any) -> list[str]:
+    """Why a library's own call cannot run here: its backend's limits, less an opt-in that only guards what
+    attention() may pick (flex's FLASH backend): the race records a library call's errors as that call's own."""
+    from attnkit.runtime.backends import REGISTRY
+    from attnkit.runtime.backends.base import reasons
+    from attnkit.runtime.backends.flex import FLASH_BROKEN
+
+    b = REGISTRY[lib]
+    why = [r for r in b.unavailable(p) if r != FLASH_BROKEN]
+    if why:
+        return why
+    cap = p.capability(call.device_index) if call.device == "cuda" else None
+    return reasons(b.limits, call, cap) + b.extra_reasons(call, cap)
+
+
 def _library_call(lib: str, c: Case) -> Callable[[], Any] | None:
     """The library's own function, called as its documentation shows; None where it has no direct form."""
     s, q, k, v = c.s, c.q, c.k, c.v
@@ -190,7 +207,8 @@ def _library_call(lib: str, c: Case) -> Callable[[], Any] | None:
             return lambda: output_of(fa.flash_attn_varlen_func(q, k, v, cu_seqlens_q=c.cu, cu_seqlens_k=c.cu,
                                                            max_seqlen_q=m, max_seqlen_k=m, **kw))
         return lambda: output_of(fa.flash_attn_func(q, k, v, **kw))
-    if lib == "flex":  # torch's FlexAttention as its documentation shows: compiled once, a block mask built once
+    if lib in ("flex", "flex_flash"):  # torch's FlexAttention as its documentation shows: compiled once, a block
+        # mask built once; flex_flash: the same call with kernel_options={"BACKEND": "FLASH"} (torch >= 2.11)
         if s.lengths is not None:
             return None
         import torch
@@ -217,8 +235,9 @@ def _library_call(lib: str, c: Case) -> Callable[[], Any] | None:
         fn = torch.compile(flex_attention) if c.device == "cuda" else flex_attention
         mod = score_mod if (s.softcap or slopes is not None) else None
         gqa = s.heads != s.kv_heads
+        opts = {"kernel_options": {"BACKEND": "FLASH"}} if lib == "flex_flash" else {}
         return lambda: fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), score_mod=mod, block_mask=block,
-                          enable_gqa=gqa).transpose(1, 2)
+                          enable_gqa=gqa, **opts).transpose(1, 2)
     if lib == "flash_attn2":
         import flash_attn
 

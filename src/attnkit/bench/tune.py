@@ -599,7 +599,8 @@ def compile_only(shard: tuple[int, int] = (1, 1), quick: bool = False, max_cases
                  say: Any = print, skip_done: Path | None = None,
                  refresh: list[Path] | None = None, refresh_kind: str = "fwd",
                  match: str | None = None) -> dict[str, Any]:
-    """Run the held-out shapes, then every case of this shard's plan, once per pass and backend that compiles
+    """Run the held-out shapes, then every case of this shard's plan (with `match`, the cases it finds first, then
+    the held-out shapes), once per pass and backend that compiles
     (`Backend.compiles`), untimed: the JIT compiles (FlashAttention-4, flex) land in their disk caches. JIT compiling is CPU work: shards of this run side by side on one GPU machine
     while the timed run, which must have the GPU alone, comes after and finds every kernel compiled.
     `skip_done`: the timed run's --out being resumed; its cases are not compiled again, and each case compiled
@@ -614,11 +615,14 @@ def compile_only(shard: tuple[int, int] = (1, 1), quick: bool = False, max_cases
     i, n = shard
     done = _parsed("--out", [skip_done], lambda: done_labels(_read_lines(skip_done))) if skip_done else set()
     # the held-out shapes first (validate times every candidate there, the libraries' own calls too: on
-    # 2026-12-01 it ran 5 of 11 shapes in 150 s, compiling), then the plan's cases not yet measured
+    # 2026-12-01 it ran 5 of 11 shapes in 150 s, compiling), then the plan's cases not yet measured; with --match
+    # the cases asked for come first (2026-12-06: a 200 s phase spent on the 14 held-out shapes left 14 of the 58
+    # matched cases uncompiled, so the timed run skipped them)
     held_out = [] if refresh else validation_shapes(grid is QUICK)
     todo = (_parsed(f"--refresh-{refresh_kind}", refresh, lambda: refresh_cases(refresh, refresh_kind)) if refresh
             else planned(grid, match))
-    cases = [*held_out, *(s for s in todo if s.label not in done)][i - 1::n][:max_cases]
+    todo = [s for s in todo if s.label not in done]
+    cases = ([*todo, *held_out] if match else [*held_out, *todo])[i - 1::n][:max_cases]
     failed, left = 0, 0
     deferred: list[Shape] = []
 
