@@ -11,6 +11,10 @@ Measured on the H200 (docs/results/2026-12-01-h200-flex-alibi.json; ALiBi causal
 flex FLASH 0.45 ms, flex Triton 0.49 ms, SDPA with a bias built once 0.92 ms; fwd+bwd 2.36 / 2.08 / 3.49 ms. flex
 is slow where FA4 is native (softcap + window at D256: 50 ms vs 1.7 ms; windowed decode 25 ms vs 0.48 ms), which
 is why selection (measured tables, else runtime/priority.py) and not these limits decides where it runs.
+FA4's own score_mod route for ALiBi is what flex FLASH runs (FA4's CuTe kernels with the score_mod compiled in), and
+it measured slower than `flex` (H100, 2026-12-06, the BLOOM ALiBi held-out shape B2 S2048 H32 D128 bf16, raced side by
+side in docs/results/2026-12-06-h100-tune-validate-session23-alibi-softcap-with-flex-flash.json): forward with a sync
+/ back to back 0.574 / 0.278 ms against 0.375 / 0.262, fwd+bwd 1.683 / 1.095 against 1.188 / 0.949. ALiBi stays here.
 
 The first call of a signature compiles (2-6 s on the H200): `attnkit warmup` pays it outside a timed step, and
 inductor's own disk cache keeps the kernels across processes. The compiled function is torch's documented
