@@ -177,15 +177,9 @@ def _library_reasons(lib: str, call: Any, p: Any) -> list[str]:
     """Why a library's own call cannot run here: its backend's limits, less an opt-in that only guards what
     attention() may pick (flex's FLASH backend): the race records a library call's errors as that call's own."""
     from attnkit.runtime.backends import REGISTRY
-    from attnkit.runtime.backends.base import reasons
     from attnkit.runtime.backends.flex import FLASH_BROKEN
 
-    b = REGISTRY[lib]
-    why = [r for r in b.unavailable(p) if r != FLASH_BROKEN]
-    if why:
-        return why
-    cap = p.capability(call.device_index) if call.device == "cuda" else None
-    return reasons(b.limits, call, cap) + b.extra_reasons(call, cap)
+    return REGISTRY[lib].check(call, p, waive=(FLASH_BROKEN,))
 
 
 def _library_call(lib: str, c: Case) -> Callable[[], Any] | None:

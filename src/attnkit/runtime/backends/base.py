@@ -156,8 +156,12 @@ class Backend:
         not_supported_reasons): a fact only one backend has stays in that backend."""
         return []
 
-    def check(self, call: AttentionCall, probe: Probe) -> list[str]:
+    def check(self, call: AttentionCall, probe: Probe, waive: tuple[str, ...] = ()) -> list[str]:
+        """Every reason this backend cannot serve `call` here. `waive`: machine-wide reasons to pass over (an
+        opt-in that guards attention()'s picks, not a benchmark's call of the library itself)."""
         why = self.unavailable(probe)
+        if waive:
+            why = [r for r in why if r not in waive]
         if why:
             return why
         cap = probe.capability(call.device_index) if call.device == "cuda" else None
