@@ -316,6 +316,23 @@ def test_rows_without_fa4_fall_back_to_the_measured_next_choice():
     assert pick() == "sdpa_cudnn"
 
 
+def test_a_small_windowed_forward_goes_to_fa4_and_small_windowed_training_to_the_plain_call():
+    """'sliding window, forward' comes before 'small' and 'chunked prefill' (the sweep: FA4 1.5-21x faster on
+    every small windowed forward); training keeps 'small' (FA4's backward lost there in 9 of 11 passes)."""
+    from attnkit.runtime import priority
+
+    p = fake_probe((9, 0), ("flash-attn-4", "cudnn-frontend"))
+    small = {"batch": 1, "seqlen_q": 256, "seqlen_k": 1024, "head_dim": 64, "head_dim_v": 64, "window": (64, 0)}
+    fwd, train = call(**small, requires_grad=False), call(**small)
+    assert fwd.work < priority.SMALL_WORK
+    assert priority.order_for(fwd, (9, 0))[1].label == "sliding window, forward"
+    assert sel.SELECTOR.select(fwd, p).name == "flash_attn4"
+    assert priority.order_for(train, (9, 0))[1].label == "small"
+    assert sel.SELECTOR.select(train, p).name == "sdpa"
+    # float32 is not the row's: FA4 cannot serve it, and the rows after decide as before
+    assert priority.order_for(replace(fwd, dtype="float32"), (9, 0))[1].label != "sliding window, forward"
+
+
 def test_blackwell_rows_and_defaults():
     p = fake_probe((10, 0), ("flash-attn-4",))
     assert sel.SELECTOR.select(call(window=(1024, 0)), p).name == "flash_attn4"

@@ -993,6 +993,19 @@ def test_when_both_the_own_and_the_sibling_cell_are_far_the_own_cell_is_named(ta
     assert priority.order_for(c, (9, 0))[1].source != "table"
 
 
+def test_far_decides_lets_the_least_distant_far_point_decide_a_scored_variant_not_the_shipped_rule(tables):
+    """Rule.far_decides (scored by `tune --cross-check`, not shipped): the least distant far point, in whichever
+    cell, decides instead of the rows; the shipped rule keeps rule 4."""
+    c = call()
+    own, sib = table.cell_of(c), table.cell_of(replace(c, dtype="float16"))
+    w = table.log2_work(c)
+    t = _table({own: [pt(128, w + 6, "sdpa_cudnn")], sib: [pt(128, w + 5, "sdpa_flash")]})
+    assert not table.RULE.far_decides and table.decide(c, t).far
+    d = table.decide(c, t, table.Rule(far_decides=True))
+    assert d is not None and not d.far and d.order[0] == "sdpa_flash" and sib in d.label and "far_decides" in d.label
+    assert "far points decide too (no hand-written rows where a table exists)" in tune.CROSS_CHECK_RULES
+
+
 @pytest.mark.parametrize(("heads", "kv", "sq", "forced"), [
     (4, 2, 96, True),     # the H200 smoke's causal_sq_gt_sk: BLOCK_M 256 > the mask's 128-row blocks
     (32, 8, 33, True),    # a Llama 32/8 group from 33 queries on
@@ -1172,7 +1185,8 @@ PACKAGED_FROM = [*(_RESULTS / f"2026-12-02-h200-tune-{n}.jsonl"
                  # the `wide` stage (many short sequences at the work of a few long ones; an H100 of the same stack)
                  _RESULTS / "2026-12-06-h100-tune-session17-wide-23-cases.jsonl",
                  _RESULTS / "2026-12-06-h100-tune-session22-tiny-44-and-wide-3-cases.jsonl",
-                 _RESULTS / "2026-12-06-h100-tune-session23-tiny-12-cases.jsonl"]
+                 _RESULTS / "2026-12-06-h100-tune-session23-tiny-12-cases.jsonl",
+                 _RESULTS / "2026-12-06-h100-tune-session24-tiny-1-case.jsonl"]
 
 
 def test_the_packaged_sm90_table_is_the_merge_of_its_sweep_and_carries_its_provenance():
@@ -1183,9 +1197,9 @@ def test_the_packaged_sm90_table_is_the_merge_of_its_sweep_and_carries_its_prove
     packaged = table.validate(json.loads(text), "sm90.json")
     assert json.loads(json.dumps(tune.merge(PACKAGED_FROM))) == packaged
     prov = packaged["provenance"]
-    assert prov["gpus"] == ["NVIDIA H200"] and prov["torch"].startswith("2.11") and prov["cases"] == 761
+    assert prov["gpus"] == ["NVIDIA H200"] and prov["torch"].startswith("2.11") and prov["cases"] == 762
     # the varlen refresh's, the wide stage's and the tiny stage's passes
-    assert prov["passes_per_gpu"] == {"NVIDIA H200": 1091, "NVIDIA H100 80GB HBM3": 161}
+    assert prov["passes_per_gpu"] == {"NVIDIA H200": 1091, "NVIDIA H100 80GB HBM3": 163}
     assert prov["libraries"]["flash-attn-4"] and prov["driver"] and prov["date"].startswith("2026-12-06")
     assert set(prov["grid"]["dtype"]) == {"bfloat16", "float16", "float32"}
     assert all(set(p["order"]) <= set(REGISTRY) for pts in packaged["cells"].values() for p in pts)
@@ -1615,11 +1629,14 @@ def test_the_shipped_rule_is_among_the_cross_checked_variants_and_the_old_order_
     assert [n for n, r in named.items() if r == table.RULE] == [
         "the blend weighed by the sum of offsets (shipped since 2026-12-06, session 18)"]
     assert named["the sibling dtype after the other kv sharing (shipped 2026-12-05 to 2026-12-06)"].far_seqlen_log2 == 0
+    later = ("sum of offsets", "plain call", "far points decide")  # variants of the rule shipped at the time
     assert all(r.far_seqlen_log2 == 0 for n, r in named.items()
-               if "sequence length" not in n and "sum of offsets" not in n and "plain call" not in n)
+               if "sequence length" not in n and not any(w in n for w in later))
     # every variant scored before the sum of offsets keeps the largest offset it was scored with
-    assert all(r.blend_distance == "max" for n, r in named.items()
-               if "sum of offsets" not in n and "plain call" not in n)
+    assert all(r.blend_distance == "max" for n, r in named.items() if not any(w in n for w in later))
+    # far points deciding: scored on the shipped rule, not shipped
+    assert not table.RULE.far_decides and [replace(r, far_decides=False) for n, r in named.items()
+                                           if r.far_decides] == [table.RULE]
     # the plain-call margin: scored on the shipped rule, not shipped (it is 0 there)
     assert table.RULE.plain_margin == 0 and all(
         replace(r, plain_margin=0.0) == table.RULE for n, r in named.items() if "plain call" in n)

@@ -861,6 +861,8 @@ CROSS_CHECK_RULES: dict[str, Rule | None] = {
     "the plain call first within 2%": Rule(plain_margin=0.02),
     "the plain call first within 5%": Rule(plain_margin=0.05),
     "the plain call first within 10%": Rule(plain_margin=0.10),
+    # rule 4 replaced: the least distant far point decides instead of the hand-written rows (2026-12-06, session 24)
+    "far points decide too (no hand-written rows where a table exists)": Rule(far_decides=True),
 }
 
 

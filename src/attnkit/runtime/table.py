@@ -58,7 +58,11 @@ The rule, in full (`RULE`, a `Rule`: its knobs are data, so `attnkit tune --cros
    sweep's repeat noise either way, so the measured order stands.
 4. No table for the GPU's architecture, none of the call's cells, or only far points: the hand-written rows of
    runtime/priority.py decide, and the decision says which table point was too far. The opt-in autotune
-   ($ATTNKIT_AUTOTUNE=1) measures such calls on the spot.
+   ($ATTNKIT_AUTOTUNE=1) measures such calls on the spot. The issue asked for the rows only where no table
+   exists; leave-one-out says the rows serve far calls better than the least distant far point: over the 761
+   cases, 0.960 / 0.952 against 0.954 / 0.947 (the first far cell in rule 1's order: 0.943 / 0.935), the 115 calls
+   the rows decide being where the two differ (`Rule.far_decides`, scored in
+   docs/results/2026-12-06-dev-tune-variants-761-cases-session24.json).
 
 The knobs were chosen by leave-one-out over the H200 sweep's own cases (each case hidden, the table merged from the
 rest, the rule's pick timed by the hidden case's measurement). On the first 157 cases
@@ -140,6 +144,10 @@ class Rule:
     # repeat noise, and a pick that is not the plain call can then lose to it by as much (0: the order as
     # measured, the rule until 2026-12-06, session 21)
     plain_margin: float = 0.0
+    # True: where every cell's nearest point is far (rule 4), the least distant of them decides all the same, not
+    # the hand-written rows (False: rule 4, as shipped). Scored on 2026-12-06 (session 24) and not shipped: the
+    # rows do better on such calls (module docstring, rule 4)
+    far_decides: bool = False
 
     def __post_init__(self) -> None:
         if not (self.far_log2 > 0 and self.far_head_dim_log2 > 0):
@@ -393,6 +401,10 @@ def decide(call: AttentionCall, table: dict[str, Any], rule: Rule = RULE) -> Dec
     if not found:
         return None
     far, _, _, k, pt = min(found, key=lambda f: f[:3])
+    if far and rule.far_decides:  # the least distant cell's point, far as it is (a variant: Rule.far_decides)
+        _, _, _, k, pt = min(found, key=lambda f: (distance(f[4], hd, w, rule, sl), f[2]))
+        return Decision("table", f"{table.get('arch', '?')} {k} D{pt['head_dim']} log2(work)={pt['log2_work']:g} "
+                        "(far: Rule.far_decides)", tuple(pt["order"]))
     label = f"{table.get('arch', '?')} {k} D{pt['head_dim']} log2(work)={pt['log2_work']:g}"
     if rule.far_seqlen_log2 > 0 and "log2_seqlen" in pt:
         label += f" log2(seqlen)={pt['log2_seqlen']:g}"
