@@ -317,20 +317,32 @@ def test_rows_without_fa4_fall_back_to_the_measured_next_choice():
 
 
 def test_a_small_windowed_forward_goes_to_fa4_and_small_windowed_training_to_the_plain_call():
-    """'sliding window, forward' comes before 'small' and 'chunked prefill' (the sweep: FA4 1.5-21x faster on
-    every small windowed forward); training keeps 'small' (FA4's backward lost there in 9 of 11 passes)."""
+    """'small windowed forward' takes from 'small' the half-precision windowed forwards (the sweep: FA4 1.6-15x faster
+    than the plain call on each); training stays on 'small' (FA4 lost each such fwd+bwd pass), and so do calls the
+    row does not measure: ALiBi, float32, packed, decode, and chunked prefill above its own row's bound."""
     from attnkit.runtime import priority
 
     p = fake_probe((9, 0), ("flash-attn-4", "cudnn-frontend"))
-    small = {"batch": 1, "seqlen_q": 256, "seqlen_k": 1024, "head_dim": 64, "head_dim_v": 64, "window": (64, 0)}
+    label = lambda c: priority.order_for(c, (9, 0))[1].label  # noqa: E731
+    small = {"batch": 1, "seqlen_q": 1024, "seqlen_k": 1024, "head_dim": 64, "head_dim_v": 64, "window": (64, 64),
+             "causal": False}
     fwd, train = call(**small, requires_grad=False), call(**small)
     assert fwd.work < priority.SMALL_WORK
-    assert priority.order_for(fwd, (9, 0))[1].label == "sliding window, forward"
-    assert sel.SELECTOR.select(fwd, p).name == "flash_attn4"
-    assert priority.order_for(train, (9, 0))[1].label == "small"
-    assert sel.SELECTOR.select(train, p).name == "sdpa"
-    # float32 is not the row's: FA4 cannot serve it, and the rows after decide as before
-    assert priority.order_for(replace(fwd, dtype="float32"), (9, 0))[1].label != "sliding window, forward"
+    assert label(fwd) == "small windowed forward" and sel.SELECTOR.select(fwd, p).name == "flash_attn4"
+    assert label(train) == "small" and sel.SELECTOR.select(train, p).name == "sdpa"
+    # without FA4 the plain call serves it, as under 'small' before the row
+    assert sel.SELECTOR.select(fwd, fake_probe((9, 0), ("cudnn-frontend",))).name == "sdpa"
+    # a causal chunk below the chunked-prefill row's bound is the row's; above it, that row's (FA4 first too)
+    chunk = replace(fwd, seqlen_q=256, seqlen_k=1024, causal=True, window=(64, 0))
+    assert chunk.work < priority.FA4_PREFILL_WORK and label(chunk) == "small windowed forward"
+    big_chunk = replace(chunk, batch=8)
+    assert big_chunk.work >= priority.FA4_PREFILL_WORK
+    assert label(big_chunk) == "chunked prefill and speculative decoding"
+    assert label(replace(fwd, seqlen_q=1, seqlen_k=4096, causal=False)) == "windowed decode"
+    assert label(replace(fwd, alibi=True)) == "small"  # FA4 has no ALiBi: left where it was
+    f32 = replace(fwd, dtype="float32")  # FA4 cannot serve it: the 'sliding window' row, as before
+    assert label(f32) == "sliding window"
+    assert label(replace(fwd, varlen=True, lengths_q=(1024,), lengths_k=(1024,))).startswith("packed varlen")
 
 
 def test_blackwell_rows_and_defaults():

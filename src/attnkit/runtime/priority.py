@@ -134,16 +134,6 @@ ROWS: tuple[Row, ...] = (
         "FA4 0.48 ms); half precision only, like every row read off that bench: float32 goes to the 'float32' row "
         f"({TUNED}: flex, next in the default order where SDPA cannot run, is 500x slower there)",
         {"decode": True, "window": False, "dtype": HALF}),
-    Row("sliding window, forward", SM90, ("flash_attn4", "flash_attn3", "flash_attn2"),
-        "the sweep's windowed half-precision forwards below 2^33 work (bench/tune.py, the 761 cases of 2026-12-06): FA4 "
-        "1.5-21x faster than the plain call with its mask in the worse timing mode, in all 20 (median 2.4x), where "
-        "'small' sent them to that call; so a window decides a forward at any size, ahead of 'chunked prefill' and "
-        "'small'. Not training: there FA4 lost fwd+bwd to the plain call in 9 of those 11 passes (median 0.76x), "
-        "and 'sliding window' below keeps its place. Leave-one-out over the 761 cases: the rows alone 0.911 / 0.884 "
-        "-> 0.918 / 0.894, the shipped rule (the rows decide its far calls) 0.960 / 0.952 -> 0.962 / 0.956; the "
-        "whole 'sliding window' row moved ahead (training too) put more calls below the plain call, 12.9% against "
-        "12.7% (docs/results/2026-12-06-dev-tune-variants-761-cases-session24.json)",
-        {"window": True, "train": False, "dtype": HALF}),
     Row("chunked prefill and speculative decoding", SM90, ("flash_attn4", "sdpa"),
         f"{BENCH}: 'prefill *' FA4 0.23 vs 0.42 ms, 'spec-decode Sq4' 0.12 vs 0.41 ms; "
         "without FA4 torch's own pick is its native bottom-right flash kernel. Ahead of 'small': SDPA's lower-right "
@@ -151,6 +141,16 @@ ROWS: tuple[Row, ...] = (
     Row("windowed decode", SM90, ("flash_attn4",),
         f"{FLEX}: a windowed decode step (one query, GQA): FA4 0.48 ms, about 2x attnkit's SDPA pick with a "
         "mask; ahead of 'small', where every decode step's work is", {"decode": True, "window": True, "dtype": HALF}),
+    Row("small windowed forward", SM90, ("flash_attn4", "sdpa"),
+        "the sweep's calls this row takes from 'small' (bench/tune.py, the 762 cases of 2026-12-06: half-precision "
+        "windowed forwards below 2^33 work, not decode, ALiBi, packed, or chunked prefill from 2^29): FA4 1.6-15x "
+        "faster than the plain call with its mask in the worse timing mode, in all 10 (median 2.3x); without FA4, "
+        "the plain call as before. Not training: FA4 lost each of the 7 such fwd+bwd passes (0.57-0.86x). "
+        "Leave-one-out over the 762 cases: the rows alone 0.911 / 0.883 -> 0.918 / 0.894, the shipped rule (the "
+        "rows decide its far calls) 0.960 / 0.953 -> 0.962 / 0.957; the whole 'sliding window' row moved ahead "
+        "instead (training too) put more calls below the plain call, 12.9% against 12.7% "
+        "(docs/results/2026-12-06-dev-tune-variants-762-cases-session24.json)",
+        {"window": True, "train": False, "alibi": False, "small": True, "dtype": HALF}),
     Row("small", SM90, ("sdpa",),
         f"{BENCH}: 'small *', 'cross fp16 Sq1024 Sk77': the plain call is fastest, FA4 2.5-4x slower (forward "
         "only); since 2026-12-06 the table's tiny points (2^24 work) decide the basic cells' calls down to ~2^22, "

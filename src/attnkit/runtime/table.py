@@ -59,10 +59,9 @@ The rule, in full (`RULE`, a `Rule`: its knobs are data, so `attnkit tune --cros
 4. No table for the GPU's architecture, none of the call's cells, or only far points: the hand-written rows of
    runtime/priority.py decide, and the decision says which table point was too far. The opt-in autotune
    ($ATTNKIT_AUTOTUNE=1) measures such calls on the spot. The issue asked for the rows only where no table
-   exists; leave-one-out says the rows serve far calls better than the least distant far point: over the 761
-   cases, 0.960 / 0.952 against 0.954 / 0.947 (the first far cell in rule 1's order: 0.943 / 0.935), the 115 calls
-   the rows decide being where the two differ (`Rule.far_decides`, scored in
-   docs/results/2026-12-06-dev-tune-variants-761-cases-session24.json).
+   exists; leave-one-out says the rows serve far calls better than the least distant far point: over the 762
+   cases, 0.962 / 0.957 against 0.954 / 0.947, the calls the rows decide being where the two differ
+   (`Rule.far_decides`, scored in docs/results/2026-12-06-dev-tune-variants-762-cases-session24.json).
 
 The knobs were chosen by leave-one-out over the H200 sweep's own cases (each case hidden, the table merged from the
 rest, the rule's pick timed by the hidden case's measurement). On the first 157 cases
