@@ -387,8 +387,9 @@ def decide(call: AttentionCall, table: dict[str, Any], rule: Rule = RULE) -> Dec
     """The table's decision for `call`, or None when the table has none of its cells (rule 1's `neighbours`)."""
     key = cell_of(call)
     hd, w, sl = max(call.head_dim, call.head_dim_v), log2_work(call), log2_seqlen(call)
-    found = []  # (far, distance, rank, key, point): the first near point in rule 1's order (step_cost 0, or
-    # the least distance with each relaxed feature's step_cost added); else the nearest first cell's
+    # (far, sort distance: 0 unless step_cost, rank, key, point, distance): the first near point in rule 1's order
+    # (step_cost 0, or the least distance with each relaxed feature's step_cost added); else the first cell's nearest
+    found = []
     mine = key.split("|")
     for rank, k in enumerate(neighbours(key, rule)):
         points = table["cells"].get(k)
@@ -396,19 +397,21 @@ def decide(call: AttentionCall, table: dict[str, Any], rule: Rule = RULE) -> Dec
             pt = nearest(points, hd, w, rule, sl)
             parts = k.split("|")
             d = distance(pt, hd, w, rule, sl) + rule.step_cost * ((parts[2] != mine[2]) + (parts[3] != mine[3]))
-            found.append((d > 1.0, d if rule.step_cost else 0.0, rank, k, pt))
+            found.append((d > 1.0, d if rule.step_cost else 0.0, rank, k, pt, d))
     if not found:
         return None
-    far, _, _, k, pt = min(found, key=lambda f: f[:3])
-    if far and rule.far_decides:  # the least distant cell's point, far as it is (a variant: Rule.far_decides)
-        _, _, _, k, pt = min(found, key=lambda f: (distance(f[4], hd, w, rule, sl), f[2]))
-        return Decision("table", f"{table.get('arch', '?')} {k} D{pt['head_dim']} log2(work)={pt['log2_work']:g} "
-                        "(far: Rule.far_decides)", tuple(pt["order"]))
+    far, _, _, k, pt, _ = min(found, key=lambda f: f[:3])
+    forced = far and rule.far_decides  # a variant: the least distant cell's point decides, far as it is
+    if forced:
+        far, _, _, k, pt, _ = min(found, key=lambda f: (f[5], f[2]))
+        far = False
     label = f"{table.get('arch', '?')} {k} D{pt['head_dim']} log2(work)={pt['log2_work']:g}"
     if rule.far_seqlen_log2 > 0 and "log2_seqlen" in pt:
         label += f" log2(seqlen)={pt['log2_seqlen']:g}"
     if pt.get("gpus"):  # timed (in part) on another card of the architecture than the table's (tune --merge)
         label += f" (timed on {', '.join(map(str, pt['gpus']))})"
+    if forced:
+        label += " (far: Rule.far_decides)"
     if rule.blend > 0 and not far:
         pool = table["cells"][k] + (table["cells"].get(sibling(k) or "", []) if rule.blend_sibling else [])
         near = [(_blend_distance(p, hd, w, rule, sl), p) for p in pool
