@@ -186,6 +186,34 @@ def test_an_own_pick_that_falls_back_is_a_fail(tmp_path: Path, monkeypatch: pyte
     assert doc["cases"][0]["results"]["attnkit"]["error"] == f"the pick fell back ({name}: RuntimeError: illegal memory access)"
 
 
+def test_the_own_pick_is_judged_on_the_forward_alone_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """flash-attn's grid asks for gradients on every case, so a row for calls without one (inference, such as
+    'small windowed forward') would go unchecked: the oracle runs attention()'s pick with no grad as well, judges
+    its output under the same rule, and names the backend that served it."""
+    from attnkit.runtime.select import SELECTOR
+
+    assert oracle.run_oracle(REF, out=str(tmp_path / "a.json"), backends=["attnkit"], words=ONE.split(","),
+                             quiet=True) == 0
+    first = json.loads((tmp_path / "a.json").read_text())["cases"][0]["results"]["attnkit"]
+    name = first["selected_forward"]
+    assert name in REGISTRY and first["outcome"] == "pass"
+
+    class WrongWithoutGrad(type(REGISTRY[name])):  # type: ignore[misc]
+        def bind(self, call: Any, p: Any, q: Any, k: Any, v: Any) -> Any:
+            run = super().bind(call, p, q, k, v)
+            return run if call.requires_grad else (lambda q, k, v: run(q, k, v) * 1.1)
+
+    monkeypatch.setitem(REGISTRY, name, WrongWithoutGrad())
+    SELECTOR.reset()
+    try:
+        rc = oracle.run_oracle(REF, out=str(tmp_path / "b.json"), backends=["attnkit"], words=ONE.split(","),
+                               quiet=True)
+    finally:
+        SELECTOR.reset()
+    res = json.loads((tmp_path / "b.json").read_text())["cases"][0]["results"]["attnkit"]
+    assert rc == 1 and res["outcome"] == "fail" and list(res["over"]) == ["out (no grad)"], res
+
+
 def test_claiming_processes_share_the_grid_and_merge_to_its_whole(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """--claims: each kernel configuration runs in exactly one process; merged, the pass covers the selection

@@ -157,14 +157,19 @@ def load_reference(path: str) -> dict[str, Any]:
     return ns
 
 
+def _judge(name: str, a: Any, ref: Any, low: Any) -> list[float]:
+    """[error, allowed] for one output under flash-attn's rule: within 2x (output) or 3x (gradients) the error of
+    the same computation in the low precision, plus 1e-5."""
+    def e(x: Any, y: Any) -> float:
+        return (x.float() - y.float()).abs().max().item()
+
+    return [round(e(a, ref), 5), round((2 if name.startswith("out") else 3) * e(low, ref) + 1e-5, 5)]
+
+
 def _errors(out: Any, grads: tuple[Any, ...], ref: tuple[Any, ...], low: tuple[Any, ...]) -> dict[str, list[float]]:
     """name -> [error, allowed] under flash-attn's rule."""
-    def e(a: Any, b: Any) -> float:
-        return (a.float() - b.float()).abs().max().item()
-
     names = ("out", "dq", "dk", "dv")
-    return {n: [round(e(a, r), 5), round((2 if n == "out" else 3) * e(lo, r) + 1e-5, 5)]
-            for n, a, r, lo in zip(names, (out, *grads), ref, low, strict=True)}
+    return {n: _judge(n, a, r, lo) for n, a, r, lo in zip(names, (out, *grads), ref, low, strict=True)}
 
 
 def run_case(case: Case, ref: dict[str, Any], backends: list[str], device: str) -> dict[str, Any]:
@@ -245,11 +250,39 @@ def run_case(case: Case, ref: dict[str, Any], backends: list[str], device: str) 
             results[name] = {"outcome": "fail", "error": f"{type(exc).__name__}: {first}"}
             continue
         errs = _errors(out, grads, (out_ref, *grads_ref), (out_low, *grads_low))
+        inference: dict[str, Any] = {}
+        if name == AUTO:  # the same call with no gradient asked: forward-only rows pick other backends
+            inference = _inference(call, inputs, out_ref, out_low)
+            if "error" in inference:
+                results[name] = {"outcome": "fail", "error": inference["error"],
+                                 "selected_forward": inference.get("selected", "?")}
+                continue
+            errs["out (no grad)"] = inference["out"]
         over = {n: ea for n, ea in errs.items() if not ea[0] <= ea[1]}
         results[name] = {"outcome": "fail", "over": over} if over else {"outcome": "pass"}
         if name == AUTO:
             results[name]["selected"] = _selected(inputs())
+            results[name]["selected_forward"] = inference["selected"]
     return {"case": case.tag, "results": results}
+
+
+def _inference(call: Any, inputs: Any, out_ref: Any, out_low: Any) -> dict[str, Any]:
+    """attention()'s own pick for the case's forward alone (no_grad, as inference runs it): {"out": [error,
+    allowed], "selected": backend}, or {"error": ...} when the pick raised or fell back to the next candidate."""
+    import torch
+
+    from attnkit.runtime.select import SELECTOR, fell_back
+
+    with torch.no_grad():
+        try:
+            with SELECTOR.judged_pick() as fell:
+                out = call(None)
+            selected = _selected(inputs())
+        except Exception as exc:  # a pick that raises on the forward alone has failed the case
+            return {"error": f"forward without grad: {type(exc).__name__}: {first_line(exc)}"}
+        if fell:
+            return {"error": f"forward without grad: {fell_back(fell)}", "selected": fell[0].split(":")[0]}
+        return {"out": _judge("out", out, out_ref, out_low), "selected": selected}
 
 
 def _selected(inp: Any) -> str:
