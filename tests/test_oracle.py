@@ -159,9 +159,20 @@ def test_cpu_varlen_cases_go_through_the_packed_path(tmp_path: Path) -> None:
     assert all(c["results"]["attnkit"]["selected"] in REGISTRY for c in doc["cases"])
 
 
+def _own_pick_with(monkeypatch: pytest.MonkeyPatch, name: str, backend: Any, out: Path) -> int:
+    """The own-pick pass over ONE with `backend` registered as `name` (the selector's memory cleared around it)."""
+    from attnkit.runtime.select import SELECTOR
+
+    monkeypatch.setitem(REGISTRY, name, backend)
+    SELECTOR.reset()
+    try:
+        return oracle.run_oracle(REF, out=str(out), backends=["attnkit"], words=ONE.split(","), quiet=True)
+    finally:
+        SELECTOR.reset()
+
+
 def test_an_own_pick_that_falls_back_is_a_fail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The fallback answers rightly; the oracle still fails the pick that raised (it judges the pick)."""
-    from attnkit.runtime.select import SELECTOR
 
     picked = oracle.run_oracle(REF, out=str(tmp_path / "a.json"), backends=["attnkit"], words=ONE.split(","),
                                quiet=True)
@@ -174,13 +185,7 @@ def test_an_own_pick_that_falls_back_is_a_fail(tmp_path: Path, monkeypatch: pyte
                 raise RuntimeError("illegal memory access")
             return run
 
-    monkeypatch.setitem(REGISTRY, name, Raises())
-    SELECTOR.reset()
-    try:
-        rc = oracle.run_oracle(REF, out=str(tmp_path / "b.json"), backends=["attnkit"], words=ONE.split(","),
-                               quiet=True)
-    finally:
-        SELECTOR.reset()
+    rc = _own_pick_with(monkeypatch, name, Raises(), tmp_path / "b.json")
     doc = json.loads((tmp_path / "b.json").read_text())
     assert rc == 1 and doc["counts"]["attnkit"]["fail"] == len(doc["cases"]) >= 1
     assert doc["cases"][0]["results"]["attnkit"]["error"] == f"the pick fell back ({name}: RuntimeError: illegal memory access)"
@@ -190,7 +195,6 @@ def test_the_own_pick_is_judged_on_the_forward_alone_too(tmp_path: Path, monkeyp
     """flash-attn's grid asks for gradients on every case, so a row for calls without one (inference, such as
     'small windowed forward') would go unchecked: the oracle runs attention()'s pick with no grad as well, judges
     its output under the same rule, and names the backend that served it."""
-    from attnkit.runtime.select import SELECTOR
 
     assert oracle.run_oracle(REF, out=str(tmp_path / "a.json"), backends=["attnkit"], words=ONE.split(","),
                              quiet=True) == 0
@@ -203,13 +207,7 @@ def test_the_own_pick_is_judged_on_the_forward_alone_too(tmp_path: Path, monkeyp
             run = super().bind(call, p, q, k, v)
             return run if call.requires_grad else (lambda q, k, v: run(q, k, v) * 1.1)
 
-    monkeypatch.setitem(REGISTRY, name, WrongWithoutGrad())
-    SELECTOR.reset()
-    try:
-        rc = oracle.run_oracle(REF, out=str(tmp_path / "b.json"), backends=["attnkit"], words=ONE.split(","),
-                               quiet=True)
-    finally:
-        SELECTOR.reset()
+    rc = _own_pick_with(monkeypatch, name, WrongWithoutGrad(), tmp_path / "b.json")
     res = json.loads((tmp_path / "b.json").read_text())["cases"][0]["results"]["attnkit"]
     assert rc == 1 and res["outcome"] == "fail" and list(res["over"]) == ["out (no grad)"], res
 
