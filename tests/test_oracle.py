@@ -210,6 +210,26 @@ def test_the_own_pick_is_judged_on_the_forward_alone_too(tmp_path: Path, monkeyp
     rc = _own_pick_with(monkeypatch, name, WrongWithoutGrad(), tmp_path / "b.json")
     res = json.loads((tmp_path / "b.json").read_text())["cases"][0]["results"]["attnkit"]
     assert rc == 1 and res["outcome"] == "fail" and list(res["over"]) == ["out (no grad)"], res
+    assert res["selected_forward"] == name
+
+
+def test_resume_runs_again_an_own_pick_from_before_the_forward_alone_check(tmp_path: Path) -> None:
+    """An earlier report's own pick without `selected_forward` never ran the forward alone: --resume runs its
+    case again instead of counting it answered; one whose pass with gradients raised stays answered."""
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    words = ["dense", "mha", "local=False", "alibi=False", "sq=113", "sk=203", "d=32"]
+    oracle.run_oracle(REF, out=str(first), backends=["attnkit"], words=words, quiet=True)
+    doc = json.loads(first.read_text())
+    n = len(doc["cases"])
+    assert n >= 2
+    for c in doc["cases"]:
+        del c["results"]["attnkit"]["selected_forward"]
+    doc["cases"][0]["results"]["attnkit"] = {"outcome": "fail", "error": "RuntimeError: x"}
+    first.write_text(json.dumps(doc))
+    oracle.run_oracle(REF, out=str(second), backends=["attnkit"], words=words, quiet=True, resume=[str(first)])
+    ran = json.loads(second.read_text())["cases"]
+    assert len(ran) == n - 1 and doc["cases"][0]["case"] not in {c["case"] for c in ran}
+    assert all("selected_forward" in c["results"]["attnkit"] for c in ran)
 
 
 def test_claiming_processes_share_the_grid_and_merge_to_its_whole(tmp_path: Path,

@@ -173,7 +173,8 @@ def _errors(out: Any, grads: tuple[Any, ...], ref: tuple[Any, ...], low: tuple[A
 
 
 def run_case(case: Case, ref: dict[str, Any], backends: list[str], device: str) -> dict[str, Any]:
-    """One case: the references once, then each backend (AUTO = attention()'s pick) forward and backward."""
+    """One case: the references once, then each backend (AUTO = attention()'s pick) forward and backward; the
+    own pick also forward alone without gradients (`_inference`)."""
     import torch
     from einops import rearrange
 
@@ -253,14 +254,13 @@ def run_case(case: Case, ref: dict[str, Any], backends: list[str], device: str) 
         inference: dict[str, Any] = {}
         if name == AUTO:  # the same call with no gradient asked: forward-only rows pick other backends
             inference = _inference(call, inputs, out_ref, out_low)
-            if "error" in inference:
-                results[name] = {"outcome": "fail", "error": inference["error"],
-                                 "selected_forward": inference.get("selected", "?")}
-                continue
-            errs["out (no grad)"] = inference["out"]
+            if "out" in inference:
+                errs["out (no grad)"] = inference["out"]
         over = {n: ea for n, ea in errs.items() if not ea[0] <= ea[1]}
         results[name] = {"outcome": "fail", "over": over} if over else {"outcome": "pass"}
         if name == AUTO:
+            if "error" in inference:  # the forward alone raised or fell back: a fail, the grad pass's errors kept
+                results[name].update(outcome="fail", error=inference["error"])
             results[name]["selected"] = _selected(inputs())
             results[name]["selected_forward"] = inference["selected"]
     return {"case": case.tag, "results": results}
@@ -268,18 +268,20 @@ def run_case(case: Case, ref: dict[str, Any], backends: list[str], device: str) 
 
 def _inference(call: Any, inputs: Any, out_ref: Any, out_low: Any) -> dict[str, Any]:
     """attention()'s own pick for the case's forward alone (no_grad, as inference runs it): {"out": [error,
-    allowed], "selected": backend}, or {"error": ...} when the pick raised or fell back to the next candidate."""
+    allowed], "selected": backend}, or {"error": ..., "selected": backend} when it raised or fell back to the next
+    candidate. No backend for the forward alone (NoBackendError) is a fail too: the same call with gradients was
+    served, and inference needs no more than training."""
     import torch
 
     from attnkit.runtime.select import SELECTOR, fell_back
 
     with torch.no_grad():
+        selected = _selected(inputs())
         try:
             with SELECTOR.judged_pick() as fell:
                 out = call(None)
-            selected = _selected(inputs())
         except Exception as exc:  # a pick that raises on the forward alone has failed the case
-            return {"error": f"forward without grad: {type(exc).__name__}: {first_line(exc)}"}
+            return {"error": f"forward without grad: {type(exc).__name__}: {first_line(exc)}", "selected": selected}
         if fell:
             return {"error": f"forward without grad: {fell_back(fell)}", "selected": fell[0].split(":")[0]}
         return {"out": _judge("out", out, out_ref, out_low), "selected": selected}
@@ -486,7 +488,11 @@ def answered(paths: list[str], backends: list[str], here: dict[str, Any]) -> set
                 raise UsageError(f"--resume: {shown(path)}: ran on another {what} ({str(doc.get(key))[:24]}; this "
                                  f"run: {str(here[key])[:24]}); resume from reports of the same set-up")
         for c in doc["cases"]:
-            tags.setdefault(c["case"], set()).update(c["results"])
+            # an own pick from before the forward-alone check (no `selected_forward`) has not answered it yet,
+            # unless its pass with gradients already refused or raised
+            tags.setdefault(c["case"], set()).update(
+                n for n, r in c["results"].items()
+                if n != AUTO or "selected_forward" in r or "error" in r or r.get("outcome") == "refused")
     return {t for t, names in tags.items() if set(backends) <= names}
 
 
