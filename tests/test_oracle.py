@@ -173,7 +173,6 @@ def _own_pick_with(monkeypatch: pytest.MonkeyPatch, name: str, backend: Any, out
 
 def test_an_own_pick_that_falls_back_is_a_fail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The fallback answers rightly; the oracle still fails the pick that raised (it judges the pick)."""
-
     picked = oracle.run_oracle(REF, out=str(tmp_path / "a.json"), backends=["attnkit"], words=ONE.split(","),
                                quiet=True)
     assert picked == 0
@@ -195,7 +194,6 @@ def test_the_own_pick_is_judged_on_the_forward_alone_too(tmp_path: Path, monkeyp
     """flash-attn's grid asks for gradients on every case, so a row for calls without one (inference, such as
     'small windowed forward') would go unchecked: the oracle runs attention()'s pick with no grad as well, judges
     its output under the same rule, and names the backend that served it."""
-
     assert oracle.run_oracle(REF, out=str(tmp_path / "a.json"), backends=["attnkit"], words=ONE.split(","),
                              quiet=True) == 0
     first = json.loads((tmp_path / "a.json").read_text())["cases"][0]["results"]["attnkit"]

@@ -180,7 +180,7 @@ def run_case(case: Case, ref: dict[str, Any], backends: list[str], device: str) 
 
     from attnkit.runtime.attention import attention
     from attnkit.runtime.call import Inputs
-    from attnkit.runtime.select import SELECTOR, NoBackendError, fell_back
+    from attnkit.runtime.select import SELECTOR, NoBackendError
 
     torch.random.manual_seed(0)
     dt = getattr(torch, case.dtype)
@@ -240,7 +240,7 @@ def run_case(case: Case, ref: dict[str, Any], backends: list[str], device: str) 
                 out = call(None if name == AUTO else name)
                 grads = torch.autograd.grad(out, (q, k, v), g)
             if fell:  # the pick raised and the next candidate answered: a failure of the pick, whatever the numbers
-                results[name] = {"outcome": "fail", "error": fell_back(fell), "selected": fell[0].split(":")[0]}
+                results[name] = {"outcome": "fail", **_fell(fell)}
                 continue
         except NoBackendError as exc:
             lines = str(exc).splitlines()
@@ -273,7 +273,7 @@ def _inference(call: Any, inputs: Any, out_ref: Any, out_low: Any) -> dict[str, 
     served, and inference needs no more than training."""
     import torch
 
-    from attnkit.runtime.select import SELECTOR, fell_back
+    from attnkit.runtime.select import SELECTOR
 
     with torch.no_grad():
         selected = _selected(inputs())
@@ -283,8 +283,15 @@ def _inference(call: Any, inputs: Any, out_ref: Any, out_low: Any) -> dict[str, 
         except Exception as exc:  # a pick that raises on the forward alone has failed the case
             return {"error": f"forward without grad: {type(exc).__name__}: {first_line(exc)}", "selected": selected}
         if fell:
-            return {"error": f"forward without grad: {fell_back(fell)}", "selected": fell[0].split(":")[0]}
+            return _fell(fell, "forward without grad: ")
         return {"out": _judge("out", out, out_ref, out_low), "selected": selected}
+
+
+def _fell(fell: list[str], where: str = "") -> dict[str, str]:
+    """A pick that raised and was answered by the next candidate: the verdict, and the pick that raised."""
+    from attnkit.runtime.select import fell_back
+
+    return {"error": f"{where}{fell_back(fell)}", "selected": fell[0].split(":")[0]}
 
 
 def _selected(inp: Any) -> str:
