@@ -488,3 +488,24 @@ def test_out_of_memory_is_raised_as_it_is_and_demotes_nothing(monkeypatch, error
         torch.testing.assert_close(attnkit.attention(q, q, q, causal=True), q)
     assert Tight.calls == 4
     dispatch.invalidate()
+
+
+def test_alibi_rows_take_large_causal_chunks_from_chunked_prefill():
+    """FA4 has no ALiBi, so 'chunked prefill' handed large causal ALiBi chunks to the plain call with a dense bias;
+    the ALiBi rows (flex) stand ahead of it from SMALL_WORK (the sweep: flex 1.17-5.9x faster on 4 of 6 such calls).
+    Smaller ALiBi calls, and ALiBi decode, stay where they were."""
+    from attnkit.runtime import priority
+
+    p = fake_probe((9, 0), ("flash-attn-4", "cudnn-frontend"))
+    label = lambda c: priority.order_for(c, (9, 0))[1].label  # noqa: E731
+    chunk = call(batch=8, seqlen_q=512, seqlen_k=4096, heads=32, kv_heads=8, head_dim=128, causal=True, alibi=True)
+    assert chunk.work >= priority.SMALL_WORK
+    assert label(chunk) == "ALiBi training" and sel.SELECTOR.select(chunk, p).name == "flex"
+    fwd = replace(chunk, requires_grad=False)
+    assert label(fwd) == "ALiBi forward" and sel.SELECTOR.select(fwd, p).name == "flex"
+    # the same chunk without ALiBi is still the chunked-prefill row's (FA4 first)
+    assert label(replace(chunk, alibi=False)) == "chunked prefill and speculative decoding"
+    small = replace(chunk, batch=1, seqlen_q=64, seqlen_k=1024)
+    assert small.work < priority.SMALL_WORK and label(small) != "ALiBi training"
+    assert sel.SELECTOR.select(small, p).name == "sdpa"
+    assert label(replace(chunk, seqlen_q=1, requires_grad=False)) == "decode"

@@ -2,6 +2,8 @@
 (docs/results.md, session 24):
 - the 'small windowed forward' row (runtime/priority.py, shipped) against the rows as they were (without it) and
   against moving the whole 'sliding window' row (training too) ahead of 'chunked prefill' instead (`row_variants`);
+- the ALiBi rows ahead of 'chunked prefill' for calls from 2^33 work (shipped 2026-12-07, session 26) against where
+  they stood before, after 'small' (`alibi_rows_before`), with the calls whose pick the move changes;
 - `Rule.far_decides` (not shipped): where every cell's nearest point is far, the least distant one decides instead
   of the hand-written rows (the issue asked for the rows only where no table exists);
 - mode-aware picks (not shipped): a call that finds the GPU idle takes the backend fastest with a sync after every
@@ -15,6 +17,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -29,6 +32,7 @@ ROWS_ONLY = "hand-written rows only (no table)"
 SHIPPED = "the blend weighed by the sum of offsets (shipped since 2026-12-06, session 18)"
 FAR = "far points decide too (no hand-written rows where a table exists)"
 ROW = "small windowed forward"
+ALIBI = ("ALiBi training", "ALiBi forward")
 MODES = ("sync", "b2b")
 
 
@@ -75,15 +79,45 @@ def with_rows(files: list[Path], rows: tuple[Any, ...], hide_cell: bool) -> dict
         priority.ROWS = shipped
 
 
+def alibi_rows_before() -> tuple[Any, ...]:
+    """The ALiBi rows where they stood until 2026-12-07 (session 26): after 'small', for calls of any work, so
+    'chunked prefill' (FA4, which has no ALiBi, then the plain call with its dense bias) took the large causal
+    chunks first."""
+    alibi = [r for r in priority.ROWS if r.label in ALIBI]
+    rest = [r for r in priority.ROWS if r.label not in ALIBI]
+    at = [r.label for r in rest].index("small") + 1
+    old = [dataclasses.replace(r, when={k: v for k, v in r.when.items() if k != "small"}) for r in alibi]
+    return (*rest[:at], *old, *rest[at:])
+
+
 def row_variants() -> dict[str, tuple[Any, ...]]:
-    """The rows before 2026-12-06 (session 24), and the whole 'sliding window' row moved ahead instead."""
+    """The rows before 2026-12-06 (session 24), the whole 'sliding window' row moved ahead instead, and the ALiBi
+    rows where they stood before 2026-12-07 (session 26)."""
     before = tuple(r for r in priority.ROWS if r.label != ROW)
     window = next(r for r in before if r.label == "sliding window")
     rest = [r for r in before if r is not window]
     at = [r.label for r in rest].index("chunked prefill and speculative decoding")
     return {f"without the row {ROW!r} (the rows before 2026-12-06, session 24)": before,
             "the whole 'sliding window' row (training too) ahead of 'chunked prefill' instead":
-                (*rest[:at], window, *rest[at:])}
+                (*rest[:at], window, *rest[at:]),
+            "the ALiBi rows after 'small' (before 2026-12-07, session 26)": alibi_rows_before()}
+
+
+def picks_changed(files: list[Path], rows: tuple[Any, ...], hide_cell: bool) -> list[dict[str, Any]]:
+    """The calls whose pick the shipped rows change against `rows`, with each pick's worse-mode ratio to the
+    fastest and the shipped pick's to the plain call."""
+    shipped = tune.cross_check(files, {SHIPPED: RULE}, hide_cell)["rules"][SHIPPED]["calls"]
+    saved = priority.ROWS
+    priority.ROWS = rows
+    try:
+        other = tune.cross_check(files, {SHIPPED: RULE}, hide_cell)["rules"][SHIPPED]["calls"]
+    finally:
+        priority.ROWS = saved
+    return [{"case": a["case"], "pass": a["pass"], "decided_by": a["source"], "was": b["pick"],
+             "was_worse_mode": round(min(b["sync"], b["b2b"]), 4), "now": a["pick"],
+             "now_worse_mode": round(min(a["sync"], a["b2b"]), 4),
+             "now_over_plain_worse_mode": round(min(a["plain_sync"], a["plain_b2b"]), 4) if "plain_sync" in a else None}
+            for a, b in zip(shipped, other, strict=True) if a["pick"] != b["pick"]]
 
 
 def main() -> None:
@@ -96,7 +130,8 @@ def main() -> None:
             "cases": rep["cases"], **{n: r["summary"] for n, r in rep["rules"].items()},
             "the shipped rule, each mode apart": {m: per_mode(shipped_rows, m) for m in MODES},
             "mode-aware picks (each mode's own order)": mode_aware(files, hide),
-            **{name: with_rows(files, rows, hide) for name, rows in row_variants().items()}}
+            **{name: with_rows(files, rows, hide) for name, rows in row_variants().items()},
+            "picks the ALiBi rows' move changed": picks_changed(files, alibi_rows_before(), hide)}
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report, indent=1))
 

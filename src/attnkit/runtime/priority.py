@@ -134,6 +134,21 @@ ROWS: tuple[Row, ...] = (
         "FA4 0.48 ms); half precision only, like every row read off that bench: float32 goes to the 'float32' row "
         f"({TUNED}: flex, next in the default order where SDPA cannot run, is 500x slower there)",
         {"decode": True, "window": False, "dtype": HALF}),
+    Row("ALiBi training", SM90, ("flex",),
+        f"{FLEX}: ALiBi causal B8 S2048 H16 D128 bf16 fwd+bwd: flex Triton 2.08 ms, flex FLASH "
+        "2.36, SDPA with a bias built once 3.49, a dense bias rebuilt per call 4.82; half precision only: in float32 "
+        f"flex is 3-500x slower than SDPA's kernels at head dims >= 128 ({TUNED}). Both ALiBi rows stand ahead of "
+        "'chunked prefill' from 2^33 work (2026-12-07): FA4 has no ALiBi, so that row gave large causal chunks to the "
+        "plain call with a dense bias. Leave-one-out over the sweep's 762 cases changes 6 far calls' picks: flex "
+        "1.17-5.9x faster than the plain call on 4 (0.16-0.84 of the fastest before), 0.81 of it on one forward, one "
+        "tie; the shipped rule 0.962 / 0.957 -> 0.964 / 0.958, the rows alone 0.918 / 0.894 -> 0.920 / 0.896 "
+        "(docs/results/2026-12-07-dev-tune-variants-762-cases-alibi-rows-session26.json). Smaller ALiBi calls stay "
+        "with 'small', as before",
+        {"alibi": True, "train": True, "varlen": False, "dtype": HALF, "small": False}),
+    Row("ALiBi forward", SM90, ("flex",),
+        f"{FLEX}: the same call forward back to back: flex Triton 0.49 ms, SDPA with a bias built once 0.92 "
+        "(flex FLASH 0.45, but it raises on most masked calls: backends/flex.py); half precision only, as above",
+        {"alibi": True, "train": False, "varlen": False, "dtype": HALF, "small": False}),
     Row("chunked prefill and speculative decoding", SM90, ("flash_attn4", "sdpa"),
         f"{BENCH}: 'prefill *' FA4 0.23 vs 0.42 ms, 'spec-decode Sq4' 0.12 vs 0.41 ms; "
         "without FA4 torch's own pick is its native bottom-right flash kernel. Ahead of 'small': SDPA's lower-right "
@@ -156,15 +171,6 @@ ROWS: tuple[Row, ...] = (
         "only); since 2026-12-06 the table's tiny points (2^24 work) decide the basic cells' calls down to ~2^22, "
         "where flash's op called directly or FA4 often measured faster (bench/tune.py `tiny`)",
         {"small": True, "dtype": HALF}),
-    Row("ALiBi training", SM90, ("flex",),
-        f"{FLEX}: ALiBi causal B8 S2048 H16 D128 bf16 fwd+bwd: flex Triton 2.08 ms, flex FLASH "
-        "2.36, SDPA with a bias built once 3.49, a dense bias rebuilt per call 4.82; half precision only: in float32 "
-        f"flex is 3-500x slower than SDPA's kernels at head dims >= 128 ({TUNED})",
-        {"alibi": True, "train": True, "varlen": False, "dtype": HALF}),
-    Row("ALiBi forward", SM90, ("flex",),
-        f"{FLEX}: the same call forward back to back: flex Triton 0.49 ms, SDPA with a bias built once 0.92 "
-        "(flex FLASH 0.45, but it raises on most masked calls: backends/flex.py); half precision only, as above",
-        {"alibi": True, "train": False, "varlen": False, "dtype": HALF}),
     Row("sliding window", SM90, ("flash_attn4", "flash_attn3", "flash_attn2"),
         f"{BENCH}: 'window *': FA4 1.5 vs 14.3 ms (S16384) and 1.1 vs 6.4 ms fwd+bwd (S4096) against "
         "SDPA with a dense mask", {"window": True}),
