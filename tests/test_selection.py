@@ -493,7 +493,7 @@ def test_out_of_memory_is_raised_as_it_is_and_demotes_nothing(monkeypatch, error
 def test_alibi_rows_take_large_causal_chunks_from_chunked_prefill():
     """FA4 has no ALiBi, so 'chunked prefill' handed large causal ALiBi chunks to the plain call with a dense bias;
     the ALiBi rows (flex) stand ahead of it from SMALL_WORK (the sweep: flex 1.17-5.9x faster on 4 of 6 such calls).
-    Smaller ALiBi calls, and ALiBi decode, stay where they were."""
+    Smaller ALiBi calls, and ALiBi decode (windowed or not, at any work), stay where they were."""
     from attnkit.runtime import priority
 
     p = fake_probe((9, 0), ("flash-attn-4", "cudnn-frontend"))
@@ -505,7 +505,15 @@ def test_alibi_rows_take_large_causal_chunks_from_chunked_prefill():
     assert label(fwd) == "ALiBi forward" and sel.SELECTOR.select(fwd, p).name == "flex"
     # the same chunk without ALiBi is still the chunked-prefill row's (FA4 first)
     assert label(replace(chunk, alibi=False)) == "chunked prefill and speculative decoding"
+    # below SMALL_WORK: 'chunked prefill' from FA4_PREFILL_WORK (FA4 cannot serve ALiBi: the plain call), else 'small'
+    band = replace(chunk, batch=1, seqlen_q=256)
+    assert priority.FA4_PREFILL_WORK <= band.work < priority.SMALL_WORK
+    assert label(band) == "chunked prefill and speculative decoding" and sel.SELECTOR.select(band, p).name == "sdpa"
     small = replace(chunk, batch=1, seqlen_q=64, seqlen_k=1024)
-    assert small.work < priority.SMALL_WORK and label(small) != "ALiBi training"
-    assert sel.SELECTOR.select(small, p).name == "sdpa"
-    assert label(replace(chunk, seqlen_q=1, requires_grad=False)) == "decode"
+    assert small.work < priority.FA4_PREFILL_WORK
+    assert label(small) == "small" and sel.SELECTOR.select(small, p).name == "sdpa"
+    # decode above SMALL_WORK too: 'decode', and windowed 'windowed decode', as before
+    decode = replace(chunk, batch=64, seqlen_q=1, seqlen_k=32768, causal=False, requires_grad=False)
+    assert decode.work >= priority.SMALL_WORK
+    assert label(decode) == "decode"
+    assert label(replace(decode, window=(1024, 0))) == "windowed decode"
