@@ -103,16 +103,21 @@ def row_variants() -> dict[str, tuple[Any, ...]]:
             "the ALiBi rows after 'small' (before 2026-12-07, session 26)": alibi_rows_before()}
 
 
-def picks_changed(files: list[Path], rows: tuple[Any, ...], hide_cell: bool) -> list[dict[str, Any]]:
-    """The calls whose pick the shipped rows change against `rows`, with each pick's worse-mode ratio to the
-    fastest and the shipped pick's to the plain call."""
-    shipped = tune.cross_check(files, {SHIPPED: RULE}, hide_cell)["rules"][SHIPPED]["calls"]
+def shipped_calls(files: list[Path], rows: tuple[Any, ...], hide_cell: bool) -> list[dict[str, Any]]:
+    """The shipped rule's leave-one-out calls with `rows` as the hand-written rows."""
     saved = priority.ROWS
     priority.ROWS = rows
     try:
-        other = tune.cross_check(files, {SHIPPED: RULE}, hide_cell)["rules"][SHIPPED]["calls"]
+        return list(tune.cross_check(files, {SHIPPED: RULE}, hide_cell)["rules"][SHIPPED]["calls"])
     finally:
         priority.ROWS = saved
+
+
+def picks_changed(files: list[Path], rows: tuple[Any, ...], hide_cell: bool) -> list[dict[str, Any]]:
+    """The calls whose pick the shipped rows change against `rows`, with each pick's worse-mode ratio to the
+    fastest and the shipped pick's to the plain call."""
+    shipped = shipped_calls(files, priority.ROWS, hide_cell)
+    other = shipped_calls(files, rows, hide_cell)
     if [(a["case"], a["pass"]) for a in shipped] != [(b["case"], b["pass"]) for b in other]:
         raise SystemExit("picks_changed: the two leave-one-out runs did not score the same calls in the same order")
     return [{"case": a["case"], "pass": a["pass"], "decided_by": a["source"], "was": b["pick"],
@@ -125,13 +130,7 @@ def picks_changed(files: list[Path], rows: tuple[Any, ...], hide_cell: bool) -> 
 def alibi_calls(files: list[Path], rows: tuple[Any, ...], hide_cell: bool) -> dict[str, Any]:
     """The ALiBi calls of the shipped rule's leave-one-out with `rows`: how many, their geomean worse-mode ratio to
     the fastest, and how many fall below 0.90 of it (the feature that scored lowest, which led to the move)."""
-    saved = priority.ROWS
-    priority.ROWS = rows
-    try:
-        calls = tune.cross_check(files, {SHIPPED: RULE}, hide_cell)["rules"][SHIPPED]["calls"]
-    finally:
-        priority.ROWS = saved
-    worse = [min(c["sync"], c["b2b"]) for c in calls if "|alibi|" in c["case"]]
+    worse = [min(c["sync"], c["b2b"]) for c in shipped_calls(files, rows, hide_cell) if "|alibi|" in c["case"]]
     return {"calls": len(worse), "geomean_worse_mode": _geomean(worse), "below_0.90": sum(x < 0.90 for x in worse)}
 
 
