@@ -17,14 +17,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import attnkit.bench.tune as tune
+from attnkit._io import write_atomic
 from attnkit.runtime import priority
 from attnkit.runtime.table import RULE
 
@@ -68,15 +71,22 @@ def mode_aware(files: list[Path], hide_cell: bool) -> dict[str, Any]:
     return out
 
 
-def with_rows(files: list[Path], rows: tuple[Any, ...], hide_cell: bool) -> dict[str, Any]:
-    """The rows-only and shipped rules with other hand-written rows."""
+@contextlib.contextmanager
+def rows_as(rows: tuple[Any, ...]) -> Iterator[None]:
+    """runtime/priority.py's hand-written rows replaced by `rows` for the block."""
     shipped = priority.ROWS
     priority.ROWS = rows
     try:
-        rep = tune.cross_check(files, {n: tune.CROSS_CHECK_RULES[n] for n in (ROWS_ONLY, SHIPPED)}, hide_cell)
-        return {n: r["summary"] for n, r in rep["rules"].items()}
+        yield
     finally:
         priority.ROWS = shipped
+
+
+def with_rows(files: list[Path], rows: tuple[Any, ...], hide_cell: bool) -> dict[str, Any]:
+    """The rows-only and shipped rules with other hand-written rows."""
+    with rows_as(rows):
+        rep = tune.cross_check(files, {n: tune.CROSS_CHECK_RULES[n] for n in (ROWS_ONLY, SHIPPED)}, hide_cell)
+    return {n: r["summary"] for n, r in rep["rules"].items()}
 
 
 def alibi_rows_before() -> tuple[Any, ...]:
@@ -86,7 +96,8 @@ def alibi_rows_before() -> tuple[Any, ...]:
     alibi = [r for r in priority.ROWS if r.label in ALIBI]
     rest = [r for r in priority.ROWS if r.label not in ALIBI]
     at = [r.label for r in rest].index("small") + 1
-    old = [dataclasses.replace(r, when={k: v for k, v in r.when.items() if k != "small"}) for r in alibi]
+    old = [dataclasses.replace(r, when={k: v for k, v in r.when.items() if k not in ("small", "decode")})
+           for r in alibi]
     return (*rest[:at], *old, *rest[at:])
 
 
@@ -105,19 +116,13 @@ def row_variants() -> dict[str, tuple[Any, ...]]:
 
 def shipped_calls(files: list[Path], rows: tuple[Any, ...], hide_cell: bool) -> list[dict[str, Any]]:
     """The shipped rule's leave-one-out calls with `rows` as the hand-written rows."""
-    saved = priority.ROWS
-    priority.ROWS = rows
-    try:
+    with rows_as(rows):
         return list(tune.cross_check(files, {SHIPPED: RULE}, hide_cell)["rules"][SHIPPED]["calls"])
-    finally:
-        priority.ROWS = saved
 
 
-def picks_changed(files: list[Path], rows: tuple[Any, ...], hide_cell: bool) -> list[dict[str, Any]]:
-    """The calls whose pick the shipped rows change against `rows`, with each pick's worse-mode ratio to the
-    fastest and the shipped pick's to the plain call."""
-    shipped = shipped_calls(files, priority.ROWS, hide_cell)
-    other = shipped_calls(files, rows, hide_cell)
+def picks_changed(shipped: list[dict[str, Any]], other: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The calls whose pick differs between two leave-one-out runs of the same calls (the shipped rows, other
+    rows), with each pick's worse-mode ratio to the fastest and the shipped pick's to the plain call."""
     if [(a["case"], a["pass"]) for a in shipped] != [(b["case"], b["pass"]) for b in other]:
         raise SystemExit("picks_changed: the two leave-one-out runs did not score the same calls in the same order")
     return [{"case": a["case"], "pass": a["pass"], "decided_by": a["source"], "was": b["pick"],
@@ -127,10 +132,10 @@ def picks_changed(files: list[Path], rows: tuple[Any, ...], hide_cell: bool) -> 
             for a, b in zip(shipped, other, strict=True) if a["pick"] != b["pick"]]
 
 
-def alibi_calls(files: list[Path], rows: tuple[Any, ...], hide_cell: bool) -> dict[str, Any]:
-    """The ALiBi calls of the shipped rule's leave-one-out with `rows`: how many, their geomean worse-mode ratio to
-    the fastest, and how many fall below 0.90 of it (the feature that scored lowest, which led to the move)."""
-    worse = [min(c["sync"], c["b2b"]) for c in shipped_calls(files, rows, hide_cell) if "|alibi|" in c["case"]]
+def alibi_calls(calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ALiBi calls of a leave-one-out run: how many, their geomean worse-mode ratio to the fastest, and how many
+    fall below 0.90 of it (the feature that scored lowest, which led to the move)."""
+    worse = [min(c["sync"], c["b2b"]) for c in calls if "|alibi|" in c["case"]]
     return {"calls": len(worse), "geomean_worse_mode": _geomean(worse), "below_0.90": sum(x < 0.90 for x in worse)}
 
 
@@ -140,15 +145,16 @@ def main() -> None:
     for hide in (False, True):
         rep = tune.cross_check(files, {n: tune.CROSS_CHECK_RULES[n] for n in (ROWS_ONLY, SHIPPED, FAR)}, hide)
         shipped_rows = rep["rules"][SHIPPED]["calls"]
+        now, before = shipped_calls(files, priority.ROWS, hide), shipped_calls(files, alibi_rows_before(), hide)
         report["hide_cell" if hide else "leave_one_out"] = {
             "cases": rep["cases"], **{n: r["summary"] for n, r in rep["rules"].items()},
             "the shipped rule, each mode apart": {m: per_mode(shipped_rows, m) for m in MODES},
             "mode-aware picks (each mode's own order)": mode_aware(files, hide),
             **{name: with_rows(files, rows, hide) for name, rows in row_variants().items()},
-            "picks the ALiBi rows' move changed": picks_changed(files, alibi_rows_before(), hide),
-            "ALiBi calls, the shipped rule": {"ALiBi rows after 'small' (before)": alibi_calls(
-                files, alibi_rows_before(), hide), "now": alibi_calls(files, priority.ROWS, hide)}}
-    out.write_text(json.dumps(report, indent=1) + "\n")
+            "picks the ALiBi rows' move changed": picks_changed(now, before),
+            "ALiBi calls, the shipped rule": {"ALiBi rows after 'small' (before)": alibi_calls(before),
+                                              "now": alibi_calls(now)}}
+    write_atomic(out, json.dumps(report, indent=1) + "\n")
     print(json.dumps(report, indent=1))
 
 
