@@ -1186,7 +1186,8 @@ PACKAGED_FROM = [*(_RESULTS / f"2026-12-02-h200-tune-{n}.jsonl"
                  _RESULTS / "2026-12-06-h100-tune-session17-wide-23-cases.jsonl",
                  _RESULTS / "2026-12-06-h100-tune-session22-tiny-44-and-wide-3-cases.jsonl",
                  _RESULTS / "2026-12-06-h100-tune-session23-tiny-12-cases.jsonl",
-                 _RESULTS / "2026-12-06-h100-tune-session24-tiny-1-case.jsonl"]
+                 _RESULTS / "2026-12-06-h100-tune-session24-tiny-1-case.jsonl",
+                 _RESULTS / "2026-12-07-h100-tune-session27-tiny-1-case.jsonl"]
 
 
 def test_the_packaged_sm90_table_is_the_merge_of_its_sweep_and_carries_its_provenance():
@@ -1197,10 +1198,10 @@ def test_the_packaged_sm90_table_is_the_merge_of_its_sweep_and_carries_its_prove
     packaged = table.validate(json.loads(text), "sm90.json")
     assert json.loads(json.dumps(tune.merge(PACKAGED_FROM))) == packaged
     prov = packaged["provenance"]
-    assert prov["gpus"] == ["NVIDIA H200"] and prov["torch"].startswith("2.11") and prov["cases"] == 762
+    assert prov["gpus"] == ["NVIDIA H200"] and prov["torch"].startswith("2.11") and prov["cases"] == 763
     # the varlen refresh's, the wide stage's and the tiny stage's passes
-    assert prov["passes_per_gpu"] == {"NVIDIA H200": 1091, "NVIDIA H100 80GB HBM3": 163}
-    assert prov["libraries"]["flash-attn-4"] and prov["driver"] and prov["date"].startswith("2026-12-06")
+    assert prov["passes_per_gpu"] == {"NVIDIA H200": 1091, "NVIDIA H100 80GB HBM3": 165}
+    assert prov["libraries"]["flash-attn-4"] and prov["driver"] and prov["date"].startswith("2026-12-07")
     assert set(prov["grid"]["dtype"]) == {"bfloat16", "float16", "float32"}
     assert all(set(p["order"]) <= set(REGISTRY) for pts in packaged["cells"].values() for p in pts)
 
