@@ -12,6 +12,7 @@ import subprocess
 import sys
 import warnings
 from dataclasses import replace
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -837,6 +838,7 @@ def test_tune_on_this_cpu_shards_resumes_merges_and_selection_reads_the_table(tm
     table.validate(t, str(out))
     assert t["arch"] == "cpu" and t["provenance"]["cases"] == 3 and t["provenance"]["torch"] == torch.__version__
     assert t["provenance"]["shards"] == ["1/2", "2/2"]  # a resumed file keeps its one header
+    assert t["provenance"]["files"] == [s1.name, s2.name]  # by name, in merge order: no path of this machine
     assert out.with_suffix(".png").stat().st_size > 1000
     every = [p for pts in t["cells"].values() for p in pts]
     assert all(set(p["order"]) <= set(REGISTRY) for p in every)
@@ -929,10 +931,11 @@ def test_match_narrows_the_timed_run_and_the_compile_phase_alike(monkeypatch, tm
 def test_plan_with_out_lists_only_what_that_file_has_not_measured(tmp_path):
     joined = tmp_path / "sweep.jsonl"
     joined.write_text("".join(f.read_text() for f in PACKAGED_FROM))
-    # the tiny stage: the packaged sweep files measured 44 of its 58 cases (every wide one since 2026-12-06, session
-    # 22); once they measure all 58, another stage with cases left stands in here
-    stage = [s.label for s in tune.matching(tune.plan(), r"\|w24\|")]
-    r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", "--plan", "--match", r"\|w24\|", "--out",
+    # the packed cases with very short sequences: the packaged sweep files measured 83 of the plan's 104 (the tiny
+    # stage stood here until its last case, 2026-12-07, session 27); once they measure all, another set with cases
+    # left stands in here
+    stage = [s.label for s in tune.matching(tune.plan(), r"\|short\|")]
+    r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", "--plan", "--match", r"\|short\|", "--out",
                         str(joined)], capture_output=True, text=True)
     listed = r.stdout.split()
     recorded = {json.loads(x)["shape"]["label"] for x in joined.read_text().splitlines() if '"shape"' in x}
@@ -1168,36 +1171,24 @@ def test_the_timed_run_measures_what_compile_only_compiled_first(tmp_path, monke
 # -- the packaged table ---------------------------------------------------------------------------------------------
 
 _RESULTS = Path(__file__).parent.parent / "docs" / "results"
-# the sweep's sessions: 157 cases, their FA4 forwards timed again with the replay, 106, 191 and 68 more cases, ...
-PACKAGED_FROM = [*(_RESULTS / f"2026-12-02-h200-tune-{n}.jsonl"
-                   for n in ("session7-157-cases", "session8-fwd-refresh-91-cases", "session9-106-cases")),
-                 *(_RESULTS / f"2026-12-03-h200-tune-{n}.jsonl" for n in (
-                     "session10-191-cases", "session11-68-cases", "session11b-70-cases", "session12-32-cases",
-                     "session12-train-refresh-42-cases")),
-                 # torch_varlen's packed cases timed again on its direct route (an H100 of the same stack)
-                 _RESULTS / "2026-12-06-h100-tune-session15-varlen-refresh-15-cases.jsonl",
-                 # the training cases near the cuDNN / FA4 crossover timed on FA4's training path (2026-12-04;
-                 # the newest steady timing of each), the plain short-packed cells (`tune --match`), and the
-                 # 2026-12-04 cases whose fwd+bwd was unsteady, timed again
-                 _RESULTS / "2026-12-04-h200-tune-session13-train-refresh-44-cases.jsonl",
-                 *(_RESULTS / f"2026-12-06-h200-tune-session16-{n}.jsonl"
-                   for n in ("short-packed-55-cases", "train-refresh-13-cases")),
-                 # the `wide` stage (many short sequences at the work of a few long ones; an H100 of the same stack)
-                 _RESULTS / "2026-12-06-h100-tune-session17-wide-23-cases.jsonl",
-                 _RESULTS / "2026-12-06-h100-tune-session22-tiny-44-and-wide-3-cases.jsonl",
-                 _RESULTS / "2026-12-06-h100-tune-session23-tiny-12-cases.jsonl",
-                 _RESULTS / "2026-12-06-h100-tune-session24-tiny-1-case.jsonl",
-                 _RESULTS / "2026-12-07-h100-tune-session27-tiny-1-case.jsonl"]
+# the sweep files the packaged table names in its provenance (tune --merge writes their names, in merge order):
+# 157 cases, their FA4 forwards timed again with the replay, 106, 191 and 68 more cases, ..., the refreshes of
+# torch_varlen's packed cases and of the training cases near the cuDNN / FA4 crossover, the short-packed cells,
+# and the `wide` and `tiny` stages (some on an H100 of the same stack)
+PACKAGED_FROM = [_RESULTS / name for name in json.loads(
+    (resources.files("attnkit") / "data" / "selection" / "sm90.json").read_text(encoding="utf-8"))["provenance"]["files"]]
 
 
 def test_the_packaged_sm90_table_is_the_merge_of_its_sweep_and_carries_its_provenance():
-    """Nobody edits the table by hand: `attnkit tune --merge` of the committed sweep file gives it back exactly."""
-    from importlib import resources
-
+    """Nobody edits the table by hand: `attnkit tune --merge` of the sweep files it names gives it back exactly."""
     text = (resources.files("attnkit") / "data" / "selection" / "sm90.json").read_text(encoding="utf-8")
     packaged = table.validate(json.loads(text), "sm90.json")
     assert json.loads(json.dumps(tune.merge(PACKAGED_FROM))) == packaged
     prov = packaged["provenance"]
+    # the files it names are all there, each once, and the first and last are the first sweep and the last tiny case
+    assert len(PACKAGED_FROM) == len(set(PACKAGED_FROM)) == 17 and all(f.is_file() for f in PACKAGED_FROM)
+    assert prov["files"][0] == "2026-12-02-h200-tune-session7-157-cases.jsonl"
+    assert prov["files"][-1] == "2026-12-07-h100-tune-session27-tiny-1-case.jsonl"
     assert prov["gpus"] == ["NVIDIA H200"] and prov["torch"].startswith("2.11") and prov["cases"] == 763
     # the varlen refresh's, the wide stage's and the tiny stage's passes
     assert prov["passes_per_gpu"] == {"NVIDIA H200": 1091, "NVIDIA H100 80GB HBM3": 165}

@@ -16,7 +16,8 @@
 #             `split 3` also cuts the libs into three parts, for a tree over ~30 MB)
 #   start     call 2 (carry .fa4b .whl [.fa4c]): FlashAttention-4 installed (tools/h200-runtime.sh install), the tree's
 #             src/ copied to $S/src, then `job` started under setsid; then as `wait`. TUNE_FROM=FILE resumes
-#             an earlier session's sweep (docs/results/*-h200-tune-*.jsonl); ORACLE_RESUME=FILE an earlier
+#             an earlier session's sweep (docs/results/*-h200-tune-*.jsonl; TUNE_FROM=packaged: every file the
+#             packaged sm90 table was merged from, as its provenance names them); ORACLE_RESUME=FILE an earlier
 #             oracle report (the grid's passes run what it left, merged with it); SMOKE_ONLY="--backend ..." the
 #             smoke's rows for those backends only (one process); WHL_DIR a smaller wheel folder than .whl to carry.
 #             On a machine still warm from an earlier `start` (its results fetched by `wait`), `start` again needs no
@@ -417,6 +418,10 @@ case $step in
     # (several files, space-separated: joined; each keeps its header line, as --merge expects)
     # a file whose last line was cut by a kill ends without a newline: one is added, so the next file's header
     # does not join that line (--merge refuses files from another GPU architecture, driver or library versions; an H100 beside an H200 is one sm90)
+    if [ "${TUNE_FROM:-}" = packaged ]; then   # the sweep files the packaged table was merged from, in order
+      TUNE_FROM=$(python3 -c 'import json, sys; print(" ".join("docs/results/" + n for n in json.load(open(sys.argv[1]))["provenance"]["files"]))' \
+        src/attnkit/data/selection/sm90.json) || { echo "TUNE_FROM=packaged: the packaged table names no files"; exit 1; }
+    fi
     if [ -n "${TUNE_FROM:-}" ]; then
       : > "$R/tune.jsonl"
       for f in $TUNE_FROM; do cat "$f" >> "$R/tune.jsonl" || exit 1; [ -z "$(tail -c1 "$f")" ] || echo >> "$R/tune.jsonl"; done

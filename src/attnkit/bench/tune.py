@@ -787,7 +787,11 @@ def _merge(files: list[Path], arch: str | None) -> dict[str, Any]:
                            "sessions": sorted({h["environment"]["date"] for h in headers}), **machine(env),
                            **({"passes_per_gpu": dict(sorted(count.items()))} if len(count) > 1 else {}),
                            "grid": headers[0]["grid"],
-                           "shards": sorted({h["shard"] for h in headers}), "cases": len(results)},
+                           "shards": sorted({h["shard"] for h in headers}), "cases": len(results),
+                           # the sweep files by name, in merge order (later passes replace earlier ones): what
+                           # `tune --merge` must be given to rebuild this table, for a session that resumes it
+                           # (tools/h200-session.sh TUNE_FROM=packaged) and for the test that rebuilds it
+                           "files": [f.name for f in files]},
             "cells": dict(sorted(cells.items()))}
 
 
