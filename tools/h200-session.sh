@@ -402,6 +402,15 @@ case $step in
     fi
     du -sh .fa4?/ ;;
   start)
+    if [ "${TUNE_FROM:-}" = packaged ]; then   # the sweep files the packaged table was merged from, in merge order
+      # (resolved first, so a table that names none stops the start before the install and before $R is cleared)
+      TUNE_FROM=$(python3 -c 'import json, sys
+names = json.load(open(sys.argv[1])).get("provenance", {}).get("files") or []
+print(" ".join("docs/results/" + n for n in names))' src/attnkit/data/selection/sm90.json 2>/dev/null)
+      [ -n "$TUNE_FROM" ] || { echo "TUNE_FROM=packaged: src/attnkit/data/selection/sm90.json names no sweep files" \
+        "(provenance.files, written by tune --merge)"; exit 1; }
+      for f in $TUNE_FROM; do [ -f "$f" ] || { echo "TUNE_FROM=packaged: $f is not in this tree"; exit 1; }; done
+    fi
     if [ -d .fa4c ]; then cp .fa4c/*.whl /root/fa4/ || exit 1; fi   # the small wheels, when `split` moved them
     OUT=$OUT bash tools/h200-runtime.sh install || exit 1
     # a warm machine's earlier run: not this one's, but for its sweep file, which this run resumes unless TUNE_FROM
@@ -418,10 +427,6 @@ case $step in
     # (several files, space-separated: joined; each keeps its header line, as --merge expects)
     # a file whose last line was cut by a kill ends without a newline: one is added, so the next file's header
     # does not join that line (--merge refuses files from another GPU architecture, driver or library versions; an H100 beside an H200 is one sm90)
-    if [ "${TUNE_FROM:-}" = packaged ]; then   # the sweep files the packaged table was merged from, in order
-      TUNE_FROM=$(python3 -c 'import json, sys; print(" ".join("docs/results/" + n for n in json.load(open(sys.argv[1]))["provenance"]["files"]))' \
-        src/attnkit/data/selection/sm90.json) || { echo "TUNE_FROM=packaged: the packaged table names no files"; exit 1; }
-    fi
     if [ -n "${TUNE_FROM:-}" ]; then
       : > "$R/tune.jsonl"
       for f in $TUNE_FROM; do cat "$f" >> "$R/tune.jsonl" || exit 1; [ -z "$(tail -c1 "$f")" ] || echo >> "$R/tune.jsonl"; done
