@@ -1176,9 +1176,7 @@ _RESULTS = Path(__file__).parent.parent / "docs" / "results"
 # torch_varlen's packed cases and of the training cases near the cuDNN / FA4 crossover, the short-packed cells,
 # and the `wide` and `tiny` stages (some on an H100 of the same stack)
 # (a table that names none leaves this empty: the packaged-table test below then fails, not the module's collection)
-PACKAGED_FROM = [_RESULTS / name for name in json.loads(
-    (resources.files("attnkit") / "data" / "selection" / "sm90.json").read_text(encoding="utf-8")
-).get("provenance", {}).get("files", [])]
+PACKAGED_FROM = tune.merged_from("sm90", _RESULTS)
 
 
 def test_the_packaged_sm90_table_is_the_merge_of_its_sweep_and_carries_its_provenance():

@@ -404,9 +404,7 @@ case $step in
   start)
     if [ "${TUNE_FROM:-}" = packaged ]; then   # the sweep files the packaged table was merged from, in merge order
       # (resolved first, so a table that names none stops the start before the install and before $R is cleared)
-      TUNE_FROM=$(python3 -c 'import json, sys
-names = json.load(open(sys.argv[1])).get("provenance", {}).get("files") or []
-print(" ".join("docs/results/" + n for n in names))' src/attnkit/data/selection/sm90.json 2>/dev/null)
+      TUNE_FROM=$(PYTHONPATH=src python3 -c 'from attnkit.bench.tune import merged_from; print(*merged_from())' 2>/dev/null)
       [ -n "$TUNE_FROM" ] || { echo "TUNE_FROM=packaged: src/attnkit/data/selection/sm90.json names no sweep files" \
         "(provenance.files, written by tune --merge)"; exit 1; }
       for f in $TUNE_FROM; do [ -f "$f" ] || { echo "TUNE_FROM=packaged: $f is not in this tree"; exit 1; }; done

@@ -139,20 +139,11 @@ def alibi_calls(calls: list[dict[str, Any]]) -> dict[str, Any]:
     return {"calls": len(worse), "geomean_worse_mode": _geomean(worse), "below_0.90": sum(x < 0.90 for x in worse)}
 
 
-def packaged_files() -> list[Path]:
-    """The sweep files the packaged sm90 table names in its provenance, as paths from the checkout's root (run the
-    tool there), so that the report names them as when they are given."""
-    from importlib import resources
-
-    text = (resources.files("attnkit") / "data" / "selection" / "sm90.json").read_text(encoding="utf-8")
-    return [Path("docs/results") / n for n in json.loads(text)["provenance"]["files"]]
-
-
 def main() -> None:
     if len(sys.argv) < 2:
         raise SystemExit("usage: python tools/score-selection-variants.py OUT.json [SWEEP.jsonl...] "
                          "(no sweep files: the packaged table's, run from the checkout's root)")
-    out, files = Path(sys.argv[1]), [Path(f) for f in sys.argv[2:]] or packaged_files()
+    out, files = Path(sys.argv[1]), [Path(f) for f in sys.argv[2:]] or tune.merged_from()
     report: dict[str, Any] = {"files": [str(f) for f in files]}
     for hide in (False, True):
         rep = tune.cross_check(files, {n: tune.CROSS_CHECK_RULES[n] for n in (ROWS_ONLY, SHIPPED, FAR)}, hide)

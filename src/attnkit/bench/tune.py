@@ -46,6 +46,7 @@ from attnkit.runtime.table import PLAIN as PLAIN_BACKEND
 from attnkit.runtime.table import SCHEMA, Rule, log2_seqlen
 from attnkit.runtime.table import cell_of as table_cell
 from attnkit.runtime.table import decide as table_decide
+from attnkit.runtime.table import load as table_load
 
 HEAD_DIMS = (32, 40, 64, 80, 96, 128, 192, 256)
 DTYPES = ("bfloat16", "float16", "float32")
@@ -700,6 +701,14 @@ def merge(files: list[Path], arch: str | None = None, flag: str = "--merge") -> 
         raise UsageError(str(exc).replace("--merge:", f"{flag}:", 1)) from None
     except TableError as exc:
         raise UsageError(f"{flag}: {exc} (a time in the files that cannot rank: 0, infinite or hand-edited)") from None
+
+
+def merged_from(arch: str = "sm90", results: Path = Path("docs/results")) -> list[Path]:
+    """The sweep files the packaged `arch` table names in its provenance (`files`, written by `_merge`), in merge
+    order, under `results` (the checkout's docs/results/ by default, from its root): what rebuilds the table, what a
+    device session resumes (tools/h200-session.sh TUNE_FROM=packaged). Empty where the table names none."""
+    packaged = table_load(arch)
+    return [results / n for n in (packaged or {}).get("provenance", {}).get("files", [])]
 
 
 def _gpu_of(header: dict[str, Any]) -> tuple[str, tuple[int, ...] | None]:
