@@ -1061,11 +1061,80 @@ def test_flex_passes_the_decode_option_and_flash_keeps_only_its_backend(monkeypa
     assert seen[-1] == {"BACKEND": "FLASH"}
 
 
-def test_flex_backward_is_not_offered_to_a_graph():
-    c = call(device="cuda", trace="compile", softcap=2.0, requires_grad=True)
+def test_a_head_dim_split_makes_a_point_across_it_far():
+    point = {"head_dim": 192, "log2_work": 35.0}
+    assert table.distance(point, 128, 35.0, table.Rule()) <= 1.0  # near by head dim alone (1.5x above)
+    assert table.distance(point, 128, 35.0, table.Rule(head_dim_split=128)) > 1.0
+    assert table.distance(point, 160, 35.0, table.Rule(head_dim_split=128)) <= 1.0  # both above: as before
+    with pytest.raises(ValueError, match="head_dim_split"):
+        table.Rule(head_dim_split=-1)
+
+
+def test_flex_backward_is_offered_to_a_graph_with_static_sizes_only():
+    c = call(device="cuda", trace="compile", softcap=2.0, requires_grad=True, symbolic=True)
     assert flex_mod.GRAPH_GRAD in REGISTRY["flex"].extra_reasons(c, (9, 0))
+    assert REGISTRY["flex"].extra_reasons(replace(c, symbolic=False), (9, 0)) == []
     assert REGISTRY["flex"].extra_reasons(replace(c, requires_grad=False), (9, 0)) == []
     assert REGISTRY["flex"].extra_reasons(replace(c, trace=None), (9, 0)) == []
+    # packed varlen: refused in a graph with static sizes too (inductor's lowering of its backward raised)
+    assert REGISTRY["flex"].extra_reasons(replace(c, symbolic=False, varlen=True), (9, 0)) == [
+        flex_mod.GRAPH_GRAD_VARLEN]
+    assert REGISTRY["flex"].extra_reasons(replace(c, varlen=True, requires_grad=False), (9, 0)) == []
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_traced_call_says_whether_the_graph_keeps_its_sizes_dynamic(monkeypatch, dynamic):
+    seen = []
+    real = sel.SELECTOR.select
+
+    def spy(c, *a, **k):
+        seen.append(c)
+        return real(c, *a, **k)
+
+    monkeypatch.setattr(sel.SELECTOR, "select", spy)
+    torch._dynamo.reset()
+    f = torch.compile(lambda q: attention(q, q, q, causal=True), fullgraph=True, backend="aot_eager", dynamic=dynamic)
+    f(torch.randn(2, 24, 4, 16))
+    traced = [c for c in seen if c.trace == "compile"]
+    assert traced and all(c.symbolic is dynamic for c in traced)
+    assert ("with dynamic sizes" in traced[0].describe()) is dynamic
+
+
+def test_flex_records_its_backward_in_a_graph_with_static_sizes(monkeypatch):
+    """fullgraph compile (aot_eager) of attention(backend="flex") with ALiBi, forward and backward: flex's op and its
+    backward are in the graphs, and the gradients equal the float64 reference. torch refuses flex's backward on the
+    CPU in eager only (its frontend's device check): lifted here, and flex's own CPU refusal is judged as for a
+    CUDA call, so the graph-recording rule is what decides."""
+    import torch.nn.attention.flex_attention as torch_flex
+    from torch._dynamo.backends.common import aot_autograd
+
+    monkeypatch.setattr(torch_flex, "_validate_device", lambda *a, **k: None)
+    as_cuda = flex_mod.Flex.extra_reasons
+    monkeypatch.setattr(flex_mod.Flex, "extra_reasons",
+                        lambda self, c, cap: as_cuda(self, replace(c, device="cuda"), cap))
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(2, 40, 4, 16, requires_grad=True) for _ in range(3))
+    slopes = torch.rand(4)
+    graphs = []
+
+    def keep(gm, inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    f = torch.compile(lambda q, k, v: attention(q, k, v, causal=True, alibi_slopes=slopes, backend="flex"),
+                      fullgraph=True, backend=aot_autograd(fw_compiler=keep, bw_compiler=keep), dynamic=False)
+    out = f(q, k, v)
+    grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    assert len(graphs) == 2  # the forward graph and the backward graph
+    assert any("flex_attention" in str(n.target) for n in graphs[0].graph.nodes), graphs[0].graph
+    assert any("flex_attention_backward" in str(n.target) for n in graphs[1].graph.nodes), graphs[1].graph
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    ref = reference_attention(q64, k64, v64, causal=True, alibi_slopes=slopes)
+    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), torch.ones_like(ref))
+    assert (out.double() - ref).abs().max() < 1e-5
+    for g, r in zip(grads, ref_grads, strict=True):
+        assert (g.double() - r).abs().max() < 1e-4
 
 
 def test_validate_writes_each_shape_as_it_lands(tmp_path, monkeypatch):
@@ -1184,14 +1253,14 @@ def test_the_packaged_sm90_table_is_the_merge_of_its_sweep_and_carries_its_prove
     text = (resources.files("attnkit") / "data" / "selection" / "sm90.json").read_text(encoding="utf-8")
     packaged = table.validate(json.loads(text), "sm90.json")
     prov = packaged["provenance"]
-    # the files it names are all there, each once, and the first and last are the first sweep and the last tiny case
-    assert len(PACKAGED_FROM) == len(set(PACKAGED_FROM)) == 17 and all(f.is_file() for f in PACKAGED_FROM)
+    # the files it names are all there, each once, and the first and last are the first sweep and the ALiBi cases
+    assert len(PACKAGED_FROM) == len(set(PACKAGED_FROM)) == 18 and all(f.is_file() for f in PACKAGED_FROM)
     assert json.loads(json.dumps(tune.merge(PACKAGED_FROM))) == packaged
     assert prov["files"][0] == "2026-12-02-h200-tune-session7-157-cases.jsonl"
-    assert prov["files"][-1] == "2026-12-07-h100-tune-session27-tiny-1-case.jsonl"
-    assert prov["gpus"] == ["NVIDIA H200"] and prov["torch"].startswith("2.11") and prov["cases"] == 763
-    # the varlen refresh's, the wide stage's and the tiny stage's passes
-    assert prov["passes_per_gpu"] == {"NVIDIA H200": 1091, "NVIDIA H100 80GB HBM3": 165}
+    assert prov["files"][-1] == "2026-12-07-h100-tune-session28-alibi-chunk-few-6-cases.jsonl"
+    assert prov["gpus"] == ["NVIDIA H200"] and prov["torch"].startswith("2.11") and prov["cases"] == 769
+    # the varlen refresh's, the wide stage's, the tiny stage's and the causal ALiBi chunk / few cases' passes
+    assert prov["passes_per_gpu"] == {"NVIDIA H200": 1091, "NVIDIA H100 80GB HBM3": 171}
     assert prov["libraries"]["flash-attn-4"] and prov["driver"] and prov["date"].startswith("2026-12-07")
     assert set(prov["grid"]["dtype"]) == {"bfloat16", "float16", "float32"}
     assert all(set(p["order"]) <= set(REGISTRY) for pts in packaged["cells"].values() for p in pts)
@@ -1621,7 +1690,7 @@ def test_the_shipped_rule_is_among_the_cross_checked_variants_and_the_old_order_
     assert [n for n, r in named.items() if r == table.RULE] == [
         "the blend weighed by the sum of offsets (shipped since 2026-12-06, session 18)"]
     assert named["the sibling dtype after the other kv sharing (shipped 2026-12-05 to 2026-12-06)"].far_seqlen_log2 == 0
-    later = ("sum of offsets", "plain call", "far points decide")  # variants of the rule shipped at the time
+    later = ("sum of offsets", "plain call", "far points decide", "head dim 128")  # variants of the rule shipped then
     assert all(r.far_seqlen_log2 == 0 for n, r in named.items()
                if "sequence length" not in n and not any(w in n for w in later))
     # every variant scored before the sum of offsets keeps the largest offset it was scored with
@@ -1629,6 +1698,9 @@ def test_the_shipped_rule_is_among_the_cross_checked_variants_and_the_old_order_
     # far points deciding: scored on the shipped rule, not shipped
     assert not table.RULE.far_decides and [replace(r, far_decides=False) for n, r in named.items()
                                            if r.far_decides] == [table.RULE]
+    # a head-dim split: scored on the shipped rule, not shipped
+    assert table.RULE.head_dim_split == 0
+    assert replace(named["a point across head dim 128 is far"], head_dim_split=0) == table.RULE
     # the plain-call margin: scored on the shipped rule, not shipped (it is 0 there)
     assert table.RULE.plain_margin == 0 and all(
         replace(r, plain_margin=0.0) == table.RULE for n, r in named.items() if "plain call" in n)

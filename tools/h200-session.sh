@@ -37,7 +37,8 @@
 #               beside them in a 4th; SMOKE_ONLY leaves both out); oracle: flash-attn's grid in SHARDS
 #               processes side by side (16 on a card over 100 GB, else 8), the own pick over the whole grid (ORACLE_OWN s), then every backend forced
 #               (ORACLE_FORCED s; 0 leaves it out), merged;
-#             hf: the HF training step eager and compiled (HF_S s); compiled: bench --compiled (COMPILED_S s);
+#             hf: the HF training step eager and compiled (HF_S s); compiled: bench --compiled (COMPILED_S s;
+#               COMPILED_SHAPES="label;label" those suite shapes, "all" every one whose eager pick compiles);
 #             replay: FA4's forward replay, exact and timed (tools/probe-fa4-replay.py, REPLAY_S s);
 #             varlen: a packed call's routes against the plain padded call, kernels counted
 #               (tools/probe-varlen-padded.py, VARLEN_S s);
@@ -54,7 +55,8 @@
 #             guardprof: forms of the cuDNN gradient-layout guard timed and profiled on the plain call
 #               (tools/probe-cudnn-guard-forms.py, GUARDPROF_S s); dispatch: attention()'s host us per call over
 #               the plain call on a tiny shape, three repeats (DISPATCH_S s); compstack: compiled attention()'s
-#               host time by Python frame (tools/probe-compiled-host-stack.py, COMPSTACK_S s); bench: `attnkit
+#               host time by Python frame (tools/probe-compiled-host-stack.py, COMPSTACK_S s); flexgrad: flex's
+#               backward in a compiled graph (tools/probe-flex-compiled-grad.py, FLEXGRAD_S s); bench: `attnkit
 #               bench` (BENCH_S s; BENCH_SHAPES="label;label" its suite shapes by label; BENCH_RESUME=FILE an
 #               earlier session's report cut short, continued with --resume: same machine kind only);
 #             rebench: `attnkit bench` again for REBENCH_SHAPES="label;label" into bench-again.json (REBENCH_S s);
@@ -73,7 +75,7 @@ S=${ATTNKIT_SESSION_DIR:-/root/attnkit-session}
 OUT=${OUT:-/tmp/out}; R=$S/results
 case ${1:-wait} in split|aside|back) ;; *) mkdir -p "$OUT" "$R" ;; esac   # these three run here, before the session
 ORACLE_OWN=${ORACLE_OWN:-360}; ORACLE_FORCED=${ORACLE_FORCED:-300}; TUNE_COMPILE=${TUNE_COMPILE:-200}
-TUNE_BUDGET=${TUNE_BUDGET:-300}; VALIDATE_S=${VALIDATE_S:-240}; HF_S=${HF_S:-300}; COMPILED_S=${COMPILED_S:-240}; REPLAY_S=${REPLAY_S:-240}; TRAIN_S=${TRAIN_S:-240}; REFRESH_COMPILE=${REFRESH_COMPILE:-150}; REFRESH_BUDGET=${REFRESH_BUDGET:-280}; VARLEN_S=${VARLEN_S:-120}; SDPAHOST_S=${SDPAHOST_S:-150}; SMOKE_S=${SMOKE_S:-900}; GUARDPROF_S=${GUARDPROF_S:-150}; DISPATCH_S=${DISPATCH_S:-60}; REBENCH_S=${REBENCH_S:-300}; COMPSTACK_S=${COMPSTACK_S:-240}; BENCH_S=${BENCH_S:-600}; SHARDS=${SHARDS:-}
+TUNE_BUDGET=${TUNE_BUDGET:-300}; VALIDATE_S=${VALIDATE_S:-240}; HF_S=${HF_S:-300}; COMPILED_S=${COMPILED_S:-240}; REPLAY_S=${REPLAY_S:-240}; TRAIN_S=${TRAIN_S:-240}; REFRESH_COMPILE=${REFRESH_COMPILE:-150}; REFRESH_BUDGET=${REFRESH_BUDGET:-280}; VARLEN_S=${VARLEN_S:-120}; SDPAHOST_S=${SDPAHOST_S:-150}; SMOKE_S=${SMOKE_S:-900}; GUARDPROF_S=${GUARDPROF_S:-150}; DISPATCH_S=${DISPATCH_S:-60}; REBENCH_S=${REBENCH_S:-300}; COMPSTACK_S=${COMPSTACK_S:-240}; FLEXGRAD_S=${FLEXGRAD_S:-240}; BENCH_S=${BENCH_S:-600}; SHARDS=${SHARDS:-}
 step=${1:-wait}
 
 phase() { echo "$(date +%T) $*" | tee -a "$R/phases.log"; }
@@ -167,13 +169,21 @@ hf() {
 compiled() {
   # compiled vs eager before the sweep (both on the same selection, so the sweep's table does not change the
   # ratio): the compile issue's baseline rows first (docs/results/2026-12-01-h200-compile-before-ops.json), then more JIT picks
+  # COMPILED_SHAPES="label;label": those suite shapes instead, in that order ("all": every shape whose eager
+  # pick compiles, as `bench --compiled` chooses them)
   if on "$COMPILED_S" compiled; then
-  phase "compiled"
-  timeout -k 15 "$COMPILED_S" $ak bench --compiled --out "$R/compiled.json" \
-    --shape "train MHA D128 S4096 causal" --shape "train GQA 32/8 D128 S8192 causal" \
-    --shape "prefill Sq512 Sk4096 GQA 32/8 D128" --shape "window 1024 S4096 D128 causal" \
-    --shape "window 4096 GQA 32/8 S16384 causal" --shape "varlen GQA 32/8 D128 17-4096 causal" \
-    --shape "decode GQA 32/8 D128 Sk4096" --shape "train D96 S2048 causal" > "$R/compiled.log" 2>&1
+  local want
+  want=$(echo "${COMPILED_SHAPES:-}" | sed 's/^ *//; s/ *$//')
+  case $want in
+    all) SHAPE_ARGS=() ;;
+    *[!\ \;]*) shape_args "$want" ;;
+    *) shape_args "train MHA D128 S4096 causal;train GQA 32/8 D128 S8192 causal;prefill Sq512 Sk4096 GQA 32/8 D128;\
+window 1024 S4096 D128 causal;window 4096 GQA 32/8 S16384 causal;varlen GQA 32/8 D128 17-4096 causal;\
+decode GQA 32/8 D128 Sk4096;train D96 S2048 causal" ;;
+  esac
+  local shapes=("${SHAPE_ARGS[@]}")
+  phase "compiled ($(( ${#shapes[@]} / 2 )) shapes; 0: every shape whose eager pick compiles)"
+  timeout -k 15 "$COMPILED_S" $ak bench --compiled --out "$R/compiled.json" "${shapes[@]}" > "$R/compiled.log" 2>&1
   phase "compiled rc=$?"
   fi
 }
@@ -250,6 +260,9 @@ sdpahost() { probe "$SDPAHOST_S" "sdpa training host probe" probe-sdpa-train-hos
 # forms of the cuDNN gradient-layout guard on the plain SDPA call, timed and profiled (kernel launch against GPU
 # start): where the guard's 23-32 us per synced training step went on the H100 (2026-12-06)
 guardprof() { probe "$GUARDPROF_S" "cudnn guard forms probe" probe-cudnn-guard-forms.py cudnn-guard-forms; }
+# flex's backward recorded in a compiled graph with static sizes: gradients against float64 and flex's kernels in
+# the graph; attention()'s own pick compiled with dynamic sizes beside it (tools/probe-flex-compiled-grad.py)
+flexgrad() { probe "$FLEXGRAD_S" "flex compiled backward probe" probe-flex-compiled-grad.py flex-compiled-grad ok failed; }
 # a compiled attention() step's host time, Python frame by frame, against eager and the plain call compiled
 compstack() { probe "$COMPSTACK_S" "compiled host stack probe" probe-compiled-host-stack.py compiled-host-stack; }
 # `attnkit bench` (BENCH_SHAPES="label;label": only those suite shapes), its report written shape by shape
@@ -269,15 +282,20 @@ rebench() {
   case ${REBENCH_SHAPES:-} in *[!\ \;]*) ;; *) phase "skipped: rebench (REBENCH_SHAPES names no shape)"; return 0 ;; esac
   bench_run bench-again "$REBENCH_S" "$REBENCH_SHAPES"
 }
+shape_args() {   # "label;label" -> SHAPE_ARGS=(--shape label ...): the suite shapes a bench command is to run
+  local labels=() label
+  SHAPE_ARGS=()
+  IFS=';' read -ra labels <<< "$1"
+  for label in "${labels[@]}"; do
+    label=$(echo "$label" | sed 's/^ *//; s/ *$//')   # "a; b": the spaces around a ';' are not the label's
+    [ -n "$label" ] && SHAPE_ARGS+=(--shape "$label")
+  done
+  return 0
+}
 bench_run() {   # NAME BUDGET "label;label" [--resume]: `attnkit bench` into $R/NAME.json, its log $R/NAME.log
-  local name=$1 budget=$2 shapes=() labels=() label
-  if [ -n "$3" ]; then
-    IFS=';' read -ra labels <<< "$3"
-    for label in "${labels[@]}"; do
-      label=$(echo "$label" | sed 's/^ *//; s/ *$//')   # "a; b": the spaces around a ';' are not the label's
-      [ -n "$label" ] && shapes+=(--shape "$label")
-    done
-  fi
+  local name=$1 budget=$2
+  shape_args "$3"
+  local shapes=("${SHAPE_ARGS[@]}")
   local what="$(( ${#shapes[@]} / 2 )) shapes"
   [ "${#shapes[@]}" -gt 0 ] || what="the whole suite"
   phase "$name ($what${4:+; resuming ${BENCH_RESUME:-$R/$name.json}})"
@@ -345,8 +363,8 @@ job() {
   local p
   for p in ${ORDER:-checks hf compiled tune}; do
     [ "$p" = tune ] || table_in_use   # every phase after a sweep runs on its table
-    case $p in checks|hf|compiled|tune|replay|refresh|train|varlen|sdpahost|guardprof|dispatch|compstack|bench|rebench) $p ;;
-      *) phase "skipped: unknown phase '$p' in ORDER (checks hf compiled tune replay refresh train varlen sdpahost guardprof dispatch compstack bench rebench)" ;; esac
+    case $p in checks|hf|compiled|tune|replay|refresh|train|varlen|sdpahost|guardprof|dispatch|compstack|flexgrad|bench|rebench) $p ;;
+      *) phase "skipped: unknown phase '$p' in ORDER (checks hf compiled tune replay refresh train varlen sdpahost guardprof dispatch compstack flexgrad bench rebench)" ;; esac
   done
   phase "DONE"
 }

@@ -64,6 +64,11 @@ def suite(quick: bool) -> list[Shape]:
         # packed varlen with mixed lengths, very short ones included
         _varlen("varlen GQA 32/8 D128 17-4096 causal", mixed_lengths(16, 17, 4096, 0), 32, 8, 128),
         _varlen("varlen short 1-64 x256 D64 causal", mixed_lengths(256, 1, 64, 1), 16, 16, 64, train=False),
+        # ALiBi (no FA4 kernel for it in attnkit): the causal training shape, and a causal chunk far from the
+        # sweep's ALiBi points (2^35 and 2^37 work, fewer queries than keys), which the 'ALiBi' rows decide since 2026-12-07
+        Shape("ALiBi train D128 S2048 causal", 8, 16, 16, 2048, 2048, 128, alibi=True),
+        Shape("ALiBi prefill Sq1024 Sk8192 D128 causal", 2, 16, 16, 1024, 8192, 128, alibi=True),
+        Shape("ALiBi prefill Sq2048 Sk16384 GQA 32/8 D128 causal", 1, 32, 8, 2048, 16384, 128, alibi=True),
         # cross-attention: more queries than keys
         Shape("cross Sq4096 Sk512 D64", 8, 16, 16, 4096, 512, 64, causal=False),
         Shape("cross fp16 Sq1024 Sk77 D64", 16, 8, 8, 1024, 77, 64, "float16", causal=False, train=False),

@@ -876,6 +876,9 @@ CROSS_CHECK_RULES: dict[str, Rule | None] = {
     "the plain call first within 10%": Rule(plain_margin=0.10),
     # rule 4 replaced: the least distant far point decides instead of the hand-written rows (2026-12-06, session 24)
     "far points decide too (no hand-written rows where a table exists)": Rule(far_decides=True),
+    # a point across head dim 128 from the call counts as far (2026-12-07, session 28: the bench's ALiBi chunk at
+    # D128 was decided by a D192 point where flex won, and the plain call won it on the H100): not shipped
+    "a point across head dim 128 is far": Rule(head_dim_split=128),
 }
 
 

@@ -49,6 +49,7 @@ class AttentionCall:
     deterministic: bool = False
     softcap: bool = False
     trace: str = ""  # "" = eager; else a key of TRACES: the call is being recorded into a graph
+    symbolic: bool = False  # traced with sizes the graph keeps dynamic (SymInts: torch.compile's dynamic shapes)
     # varlen only: per-sequence lengths, read once on the host while validating cu_seqlens
     lengths_q: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
     lengths_k: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
@@ -91,7 +92,7 @@ class AttentionCall:
         if self.requires_grad:
             parts.append("grad")
         if self.trace:
-            parts.append(f"traced by {TRACES[self.trace]}")
+            parts.append(f"traced by {TRACES[self.trace]}" + (" with dynamic sizes" if self.symbolic else ""))
         return " ".join(parts)
 
 
@@ -303,6 +304,7 @@ class Inputs:
             deterministic=requires_grad and torch.are_deterministic_algorithms_enabled(),
             softcap=self.softcap > 0,
             trace=trace,
+            symbolic=bool(trace) and any(type(n) is not int for t in (q, k, v) for n in t.shape),
             lengths_q=lengths_q,
             lengths_k=lengths_k,
         )

@@ -147,6 +147,12 @@ class Rule:
     # the hand-written rows (False: rule 4, as shipped). Scored on 2026-12-06 (session 24) and not shipped: the
     # rows do better on such calls (module docstring, rule 4)
     far_decides: bool = False
+    # > 0: a point whose head dim lies on the other side of this one than the call's (one <= split < other) is far
+    # in head dim, however close: kernels change their tiles, and torch's SDPA its kernel, above it (0: not used).
+    # Scored over the 769 cases (2026-12-07, session 28), leave-one-out / cell hidden: 128 gives 0.961 / 0.955 and
+    # 0.961 / 0.958 against the shipped 0.961 / 0.955 and 0.961 / 0.957, 96 and 64 alike: within noise, not shipped
+    # (docs/results/2026-12-07-dev-head-dim-split-scored-769-cases-session28.json)
+    head_dim_split: int = 0
 
     def __post_init__(self) -> None:
         if not (self.far_log2 > 0 and self.far_head_dim_log2 > 0):
@@ -159,6 +165,8 @@ class Rule:
             raise ValueError("Rule: far_seqlen_log2 must be >= 0 (0: the sequence length is not used)")
         if not 0 <= self.plain_margin < 1:
             raise ValueError("Rule: plain_margin must be in [0, 1) (a fraction of the first backend's score)")
+        if not self.head_dim_split >= 0:
+            raise ValueError("Rule: head_dim_split must be >= 0 (0: not used)")
         if self.blend_distance not in ("max", "sum"):
             raise ValueError("Rule: blend_distance must be 'max' or 'sum'")
         if not self.head_dim_up >= 1:
@@ -313,8 +321,10 @@ def table_for(capability: tuple[int, int] | None) -> dict[str, Any] | None:
 def _offsets(point: dict[str, Any], head_dim: int, work: float, rule: Rule = RULE,
              seqlen: float | None = None) -> tuple[float, ...]:
     up = math.log2(head_dim) - math.log2(point["head_dim"])  # > 0: the point's head dim is below the call's
-    off = ((up * rule.head_dim_up if up > 0 else -up) / rule.far_head_dim_log2,
-           abs(point["log2_work"] - work) / rule.far_log2)
+    hd = (up * rule.head_dim_up if up > 0 else -up) / rule.far_head_dim_log2
+    if rule.head_dim_split and (head_dim > rule.head_dim_split) != (point["head_dim"] > rule.head_dim_split):
+        hd += 1.0
+    off = (hd, abs(point["log2_work"] - work) / rule.far_log2)
     if rule.far_seqlen_log2 > 0 and seqlen is not None and "log2_seqlen" in point:
         return (*off, _seqlen_off(point, seqlen) / rule.far_seqlen_log2)
     return off

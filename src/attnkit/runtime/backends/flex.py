@@ -24,7 +24,8 @@ score_mod closures of one signature add no compile; a second length adds one, th
 key blocks a query block visits) depends on the lengths only: it is built by the bound call's first run, once per
 signature (per cu_seqlens for varlen), so that a failure there falls back as a kernel's would.
 On CPU the call runs flex's unfused reference path (the same semantics, not fast): only when asked for by name.
-Under torch.compile / torch.export, flex_attention is recorded as the higher-order op it is, with its backward.
+Under torch.compile / torch.export, flex_attention is recorded as the higher-order op it is, with its backward
+where the graph's sizes are static and the call is not packed varlen (GRAPH_GRAD, below, says why not there).
 """
 
 from __future__ import annotations
@@ -52,14 +53,21 @@ OPT_IN_FLASH = "ATTNKIT_EXPERIMENTAL_FLEX_FLASH"
 FLASH_BROKEN = (f"flex's FLASH backend raises on masks, score mods and backward on torch 2.11 (flash-attn's "
                 f"test grid, H200); opt in with {OPT_IN_FLASH}=1")
 
-# The one H200 smoke row that recorded flex inside attnkit's opaque graph call with a backward (softcap fp32 under
-# torch.compile(dynamic=True), torch 2.11.0; docs/results/2026-12-01-h200-smoke-session3.json) failed while dynamo
-# ran that call on fake tensors ("Unsupported output type for nonstrict_trace-ed function", which is how dynamo
-# reports any error inside it). Forward-only graphs record flex (CPU, tests/test_integrations.py). Until a GPU run
-# records a flex backward in a graph, such calls go to a backend that is known to record one, or get the one
-# error that lists every backend's reasons.
-GRAPH_GRAD = ("its backward is not recorded inside attnkit's torch.compile call on this torch (the H200 smoke's "
-              "compiled softcap float32 row failed there)")
+# flex's frontend, called inside attnkit's graph call (a nonstrict_trace function, run on fake tensors), compiles
+# its op once more (torch.compile of flex's HOP wrapper); with a backward and sizes the graph keeps dynamic that
+# nested compile fails ("PendingUnbackedSymbolNotFound", reported by dynamo as "Unsupported output type for
+# nonstrict_trace-ed function"): the H200 smoke's compiled softcap float32 row (dynamic=True, torch 2.11.0;
+# docs/results/2026-12-01-h200-smoke-session3.json), and ALiBi and softcap on the CPU (torch 2.13, with torch's
+# CPU refusal lifted). With static sizes it records forward and backward: on the H100 (torch 2.11.0,
+# docs/results/2026-12-07-h100-flex-compiled-grad-session28.json) ALiBi, softcap, a window and a causal chunk, in
+# bf16 / fp16 / fp32, ran flex's kernels with gradients equal to eager flex's, and inductor's lowering of a packed
+# varlen (document mask) backward raised "NotImplementedError: SliceView". So a backward in a graph is refused
+# where sizes are dynamic, and for packed varlen: such a call goes to a backend that records one, and a model
+# compiled with static sizes (torch.compile's default for a first size) keeps eager's flex kernels in training.
+GRAPH_GRAD = ("its backward is not recorded inside attnkit's torch.compile call when the graph's sizes are "
+              "dynamic (flex's own nested compile fails on them); static sizes record it")
+GRAPH_GRAD_VARLEN = ("its backward for packed varlen (a document mask) fails in inductor's lowering under "
+                     "torch.compile on this torch ('NotImplementedError: SliceView', H100, torch 2.11)")
 
 # traces: flex_attention is torch's own higher-order op, which torch.compile / torch.export record as it is
 _TRITON = Limits(devices=frozenset({"cuda", "cpu"}), min_capability=(8, 0),
@@ -222,8 +230,8 @@ class Flex(Backend):
     def extra_reasons(self, call: AttentionCall, capability: tuple[int, int] | None) -> list[str]:
         if call.device == "cpu" and call.requires_grad:
             return ["no backward on CPU (torch's FlexAttention: 'does not support backward on CPU')"]
-        if call.trace == "compile" and call.requires_grad:
-            return [GRAPH_GRAD]
+        if call.trace == "compile" and call.requires_grad and (call.symbolic or call.varlen):
+            return [GRAPH_GRAD_VARLEN if call.varlen else GRAPH_GRAD]
         return []
 
     def bind(self, call: AttentionCall, p: Params, q: Any, k: Any, v: Any) -> Runner:
