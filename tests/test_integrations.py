@@ -157,6 +157,22 @@ def test_compile_backend_eager_runs_the_eager_path():
     torch.testing.assert_close(out.double(), reference_attention(q, k, v, causal=True), rtol=1e-5, atol=1e-5)
 
 
+def test_a_call_no_backend_can_record_says_every_backends_reason_before_dynamos_error():
+    """dynamo turns an error raised inside attnkit's graph call into "Unsupported output type for nonstrict_trace-ed
+    function" and drops its message: the reasons come first, as a warning. Packed varlen with a backward on the
+    CPU: no backend records it (the padded routes read the lengths on the host, flex has no CPU backward)."""
+    torch._dynamo.reset()
+    q, k, v = (torch.randn(30, 4, 16, requires_grad=True) for _ in range(3))
+    cu = torch.tensor([0, 10, 30], dtype=torch.int32)
+    f = torch.compile(lambda q, k, v: attention(q, k, v, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                                max_seqlen_q=20, max_seqlen_k=20), fullgraph=True, backend="aot_eager")
+    with pytest.warns(RuntimeWarning, match="cannot be recorded into this graph: NoBackendError") as seen, \
+            pytest.raises(Exception):  # noqa: B017  (dynamo's own exception type: torch._dynamo.exc.Unsupported)
+        f(q, k, v)
+    said = next(str(w.message) for w in seen if "cannot be recorded" in str(w.message))
+    assert "sdpa:" in said and "flex:" in said and "no backward on CPU" in said
+
+
 def test_backends_a_graph_cannot_record_are_ruled_out_with_a_reason():
     q, k, v = (t.detach() for t in _qkv(1, 8, 8, 2, 2, 64))
     for trace, words in (("compile", "torch.compile"), ("jit", "torch.jit.trace")):

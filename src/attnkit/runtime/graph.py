@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import sys
+import warnings
 from typing import Any
 
 from attnkit.runtime.backends import Backend
@@ -103,7 +104,15 @@ def compiled(q: Any, k: Any, v: Any, causal: bool, scale_ratio: Ratio, dropout_r
         from attnkit.runtime import dispatch
 
         return dispatch.first(inp, backend or None)
-    return run_traced(inp, backend or None, "compile")
+    try:
+        return run_traced(inp, backend or None, "compile")
+    except Exception as exc:
+        # dynamo reports any error raised in a nonstrict_trace function as "Unsupported output type for
+        # nonstrict_trace-ed function" and prints neither it nor its message (torch 2.11-2.13): a call no backend
+        # can record, or a bad argument, would reach the user as that line alone. Said here first, then raised
+        warnings.warn(f"attnkit: attention() cannot be recorded into this graph: {type(exc).__name__}: {exc}",
+                      RuntimeWarning, stacklevel=2)
+        raise
 
 
 ENTRY = compiled  # what attention() calls under torch.compile: `compiled`, registered with dynamo once it loads
