@@ -157,10 +157,14 @@ def test_compile_backend_eager_runs_the_eager_path():
     torch.testing.assert_close(out.double(), reference_attention(q, k, v, causal=True), rtol=1e-5, atol=1e-5)
 
 
-def test_a_call_no_backend_can_record_says_every_backends_reason_before_dynamos_error():
+def test_a_call_no_backend_can_record_says_every_backends_reason_before_dynamos_error(monkeypatch):
     """dynamo turns an error raised inside attnkit's graph call into "Unsupported output type for nonstrict_trace-ed
     function" and drops its message: the reasons come first, as a warning. Packed varlen with a backward on the
     CPU: no backend records it (the padded routes read the lengths on the host, flex has no CPU backward)."""
+    from attnkit.runtime.select import ENV_BACKEND, SELECTOR
+
+    monkeypatch.delenv(ENV_BACKEND, raising=False)  # an earlier test's forced backend would be the only reason
+    SELECTOR.reset()
     torch._dynamo.reset()
     q, k, v = (torch.randn(30, 4, 16, requires_grad=True) for _ in range(3))
     cu = torch.tensor([0, 10, 30], dtype=torch.int32)

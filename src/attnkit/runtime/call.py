@@ -304,7 +304,8 @@ class Inputs:
             deterministic=requires_grad and torch.are_deterministic_algorithms_enabled(),
             softcap=self.softcap > 0,
             trace=trace,
-            symbolic=bool(trace) and any(type(n) is not int for t in (q, k, v) for n in t.shape),
+            symbolic=bool(trace) and any(type(n) is not int for t in (q, k, v, alibi, bias) if t is not None
+                                         for n in t.shape),
             lengths_q=lengths_q,
             lengths_k=lengths_k,
         )

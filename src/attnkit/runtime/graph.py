@@ -109,9 +109,10 @@ def compiled(q: Any, k: Any, v: Any, causal: bool, scale_ratio: Ratio, dropout_r
     except Exception as exc:
         # dynamo reports any error raised in a nonstrict_trace function as "Unsupported output type for
         # nonstrict_trace-ed function" and prints neither it nor its message (torch 2.11-2.13): a call no backend
-        # can record, or a bad argument, would reach the user as that line alone. Said here first, then raised
+        # can record, or a bad argument, would reach the user as that line alone (fullgraph=True), or as a silent
+        # graph break. Said here first, then raised
         warnings.warn(f"attnkit: attention() cannot be recorded into this graph: {type(exc).__name__}: {exc}",
-                      RuntimeWarning, stacklevel=2)
+                      RuntimeWarning, stacklevel=1)
         raise
 
 
