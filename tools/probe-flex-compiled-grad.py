@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -28,8 +27,8 @@ from _probe import DEV, write_report
 
 from attnkit.runtime.attention import attention
 from attnkit.runtime.reference import reference_attention
-from attnkit.runtime.shape import Shape, make_inputs
-from attnkit.runtime.smoke import TOL
+from attnkit.runtime.shape import Shape
+from attnkit.runtime.smoke import TOL, _kwargs, inputs
 
 CASES = [
     Shape("ALiBi causal B2 S256 H8 D64", 2, 8, 8, 256, 256, 64, alibi=True),
@@ -39,11 +38,6 @@ CASES = [
 ]
 DTYPES = {"ALiBi causal B2 S256 H8 D64": ("bfloat16", "float16"), "softcap causal B2 S256 H4 D64": ("float32",
                                                                                                      "bfloat16")}
-
-
-def _kw(kw: dict[str, Any], reference: bool = False) -> dict[str, Any]:
-    drop = ("max_seqlen_q", "max_seqlen_k") if reference else ()
-    return {n: v for n, v in kw.items() if v is not None and n not in drop and not (n == "softcap" and not v)}
 
 
 def _errors(out: Any, grads: tuple[Any, ...], ref: Any, ref_grads: tuple[Any, ...]) -> dict[str, float]:
@@ -64,10 +58,10 @@ def _kernels(step: Any) -> list[str]:
 
 
 def one(s: Shape, dtype: str) -> dict[str, Any]:
-    t = make_inputs(replace(s, dtype=dtype), DEV, host_rng=True, requires_grad=True)
-    kw = _kw(t.kw)
+    t = inputs(s, dtype, DEV)  # the smoke's tensors: drawn on the host, requiring grad
+    kw = _kwargs(t)
     q64, k64, v64 = (x.detach().double().requires_grad_(True) for x in (t.q, t.k, t.v))
-    ref = reference_attention(q64, k64, v64, **_kw(t.kw, reference=True))
+    ref = reference_attention(q64, k64, v64, **_kwargs(t, reference=True))
     g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1)).to(DEV)
     ref_grads = torch.autograd.grad(ref, (q64, k64, v64), g.double())
     go = g.to(t.q.dtype)
