@@ -611,16 +611,28 @@ def test_the_plan_covers_every_cell_and_every_level_and_any_prefix_is_balanced(m
         assert at == sorted(at) and len(at) > len(half) // 2
     works = [s.batch * s.heads * s.seqlen_q * s.seqlen_k * s.head_dim for s in tiny]
     assert max(works) <= 2 ** (max(tune.TINY_WORK_LOG2) + 1) and min(works) >= 2 ** min(tune.TINY_WORK_LOG2)
+    # the last stage: the causal MHA ALiBi cells in half precision, unpacked, every ALIBI_QUERY_SHAPES, at the
+    # common head dims on ALIBI_WORK_LOG2, level by level, training where the query shape trains
+    lm = [c for c in cells if c[0] in tune.HALF and c[1] is True and c[2] == "mha" and c[4:] == ("alibi", "no")
+          and c[3] in tune.ALIBI_QUERY_SHAPES]
+    assert len(lm) == len(tune.ALIBI_QUERY_SHAPES)
+    n_alibi = len(lm) * len(tune.COMMON_HEAD_DIMS) * len(tune.ALIBI_WORK_LOG2)
+    alibi = cases[-n_alibi:]
+    assert {(tuple(s.label.split("|")[:6]), s.head_dim, s.label.split("|")[7]) for s in alibi} == {
+        (tuple(map(str, c)), d, f"w{w}") for c in lm for d in tune.COMMON_HEAD_DIMS for w in tune.ALIBI_WORK_LOG2}
+    levels = [tune.ALIBI_WORK_LOG2.index(int(s.label.split("|")[7][1:])) for s in alibi]
+    assert levels == sorted(levels) and all(s.alibi and s.causal and s.heads == s.kv_heads for s in alibi)
+    assert all(s.train == ("|decode|" not in s.label and "|few|" not in s.label) for s in alibi)
     # a later stage's point that the packed stage measured already comes once, where it first comes
     monkeypatch.setattr(tune, "packed", lambda *a: [])
     unpacked = tune.plan()
     packed_labels = {s.label for s in packed}
     overlap = len(packed_labels & {s.label for s in unpacked})
     assert len(cases) == (tune.BASIC_POINTS * len(basic) + tune.POINTS_PER_CELL * (len(cells) - len(basic))
-                          + n_dense + n_packed + n_wide + n_tiny - overlap)
+                          + n_dense + n_packed + n_wide + n_tiny + n_alibi - overlap)
     # stage 2: every other cell once (a cell whose first point the packed stage measured: there)
     n_dense += n_packed + n_wide + n_tiny  # (the stages after 1e start that much later)
-    dense += packed + wide + tiny
+    dense += packed + wide + tiny + alibi
     a = 2 * len(basic) + n_dense
     unpacked_second = unpacked[a - n_packed:a - n_packed + len(cells) - len(basic)]
     second = cases[a:a + len(cells) - len(basic) - len([s for s in unpacked_second if s.label in packed_labels])]

@@ -64,6 +64,8 @@ WIDE = 4  # `wide`: the sequence 4x shorter than shape_for's, the batch 16x larg
 # `packed`: work levels per length class, within what it reaches (shape_for packs at most 512 sequences; a short
 # case's call does ~4x its level's work: its longest sequence, 64, sets the padded length), short first
 PACKED_WORK_LOG2 = {"short": (27, 29, 25), "mixed": (31, 35), "long": (35, 37)}
+ALIBI_WORK_LOG2 = (35, 33, 37)  # `alibi_lm`: prefill and training of 1-13B ALiBi models (B1-8, S1k-8k, 16-40 heads)
+ALIBI_QUERY_SHAPES = ("equal", "chunk", "few", "decode")  # training and prefill, chunked prefill, speculative, decode
 TINY_WORK_LOG2 = (24,)  # `tiny`: calls of a few us of GPU work (B1 S128 H8 D64 is 2^23), below WORK_LOG2's lowest level
 PRUNE = 3.0  # a backend 3x slower than the fastest in its first calls is not timed further (bench_shape's prune)
 FEATURES: dict[str, tuple[Any, ...]] = {"head_dim": HEAD_DIMS, "dtype": DTYPES, "causal": (True, False), "kv": tuple(KV),
@@ -228,13 +230,30 @@ def tiny(cells: list[tuple[Any, ...]], order: list[int], train_ok: bool) -> list
     return out
 
 
+def alibi_lm(cells: list[tuple[Any, ...]], order: list[int], train_ok: bool) -> list[Shape]:
+    """The cells ALiBi language models call (causal, MHA, half precision, unpacked: BLOOM, MPT, Falcon-RW,
+    Baichuan-13B) at COMMON_HEAD_DIMS on ALIBI_WORK_LOG2, in every query shape they run (ALIBI_QUERY_SHAPES),
+    training where the query shape trains; level by level, the middle first. The grid gives a cell with a feature
+    two points at a rotating head dim, so until 2026-12-07 the causal MHA ALiBi cell with equal lengths had no point
+    at all, and ALiBi calls at D128 were decided by D192 or D40 points, or by another kv sharing's: on the bench's
+    MHA D128 chunk (Sq1024 Sk8192) that was flex, 0.69-0.91 of the plain call (H100, session 28)."""
+    out = []
+    for lw, hd, i in itertools.product(ALIBI_WORK_LOG2, COMMON_HEAD_DIMS, order):
+        c = cells[i]
+        if c[0] in HALF and c[1] is True and c[2] == "mha" and c[3] in ALIBI_QUERY_SHAPES and c[4:] == ("alibi", "no"):
+            out.append(shape_for(c, hd, float(lw), train_ok and c[3] not in ("decode", "few"), seed=i))
+    return out
+
+
 def plan(grid: dict[str, tuple[Any, ...]] | None = None, points: int | None = None) -> list[Shape]:
     """The fractional design, in stages whose every prefix is balanced over the stage's cells: the basic cells'
     first two points (head dims COMMON_HEAD_DIMS, the ones most models use), then those cells in half precision
     at the common head dims on a finer lattice in work (`dense`), then the plain packed cells (`packed`), then the
     basic cells with equal lengths again at a shorter sequence and a larger batch (`wide`), then the basic
-    half-precision cells at a few us of work (`tiny`), then every other cell's first point, then the rest. A session's timed budget measures 100-200 cases (191 in 380 s on 2026-12-03): the first ones measure the calls most models make, at
-    their head dims, before the features few of them use."""
+    half-precision cells at a few us of work (`tiny`), then every other cell's first point, then the rest, then
+    the cells ALiBi language models call, on a lattice (`alibi_lm`). A session's timed budget measures 100-200
+    cases (191 in 380 s on 2026-12-03): the first ones measure the calls most models make, at their head dims,
+    before the features few of them use."""
     grid = grid or FEATURES
     quick = grid is QUICK
     cells = _cells(grid)
@@ -268,6 +287,8 @@ def plan(grid: dict[str, tuple[Any, ...]] | None = None, points: int | None = No
         if (want_basic, k) == (True, 1) and not quick and points is None:
             out += (dense(cells, order, train_ok) + packed(cells, order, train_ok) + wide(cells, order, train_ok)
                     + tiny(cells, order, train_ok))
+    if not quick and points is None:
+        out += alibi_lm(cells, order, train_ok)
     first: dict[str, Shape] = {}
     for s in out:  # a lattice point the grid has already: measured once, where it first comes
         first.setdefault(s.label, s)
