@@ -427,6 +427,12 @@ def test_a_graph_records_varlen_where_a_backend_takes_it(monkeypatch):
     args = dict(device="cpu", device_index=0, dtype="float32", heads=4, kv_heads=2, head_dim=16, head_dim_v=16,
                 causal=True, window=None, softcap=False, dropout=False)
     assert graph.records_varlen(**args, requires_grad=False) and not graph.records_varlen(**args, requires_grad=True)
+    # inside torch.compile(dynamic=True) flex refuses the graph (GRAPH_DYNAMIC), so nothing records it on the CPU:
+    # the adapter then takes its key-bias path instead of packing into a call no backend serves
+    import torch._dynamo
+
+    with torch._dynamo.config.patch(assume_static_by_default=False):
+        assert not graph.records_varlen(**args, requires_grad=False)
     from attnkit.integrations.transformers import (
         _varlen_records,  # any of q, k, v with a grad (LoRA on v only)
     )

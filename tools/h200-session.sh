@@ -57,7 +57,8 @@
 #               the plain call on a tiny shape, three repeats (DISPATCH_S s); compstack: compiled attention()'s
 #               host time by Python frame (tools/probe-compiled-host-stack.py, COMPSTACK_S s); flexgrad: flex's
 #               backward in a compiled graph (tools/probe-flex-compiled-grad.py, FLEXGRAD_S s); alibigraph: ALiBi's dense bias
-#               against flex in a compiled graph (tools/probe-alibi-graph.py, ALIBIGRAPH_S s); bench: `attnkit
+#               against flex in a compiled graph (tools/probe-alibi-graph.py, ALIBIGRAPH_S s); flexdyn: flex's forward
+#               in a graph with dynamic sizes (tools/probe-flex-graph-dynamic.py, FLEXDYN_S s); bench: `attnkit
 #               bench` (BENCH_S s; BENCH_SHAPES="label;label" its suite shapes by label; BENCH_RESUME=FILE an
 #               earlier session's report cut short, continued with --resume: same machine kind only);
 #             rebench: `attnkit bench` again for REBENCH_SHAPES="label;label" into bench-again.json (REBENCH_S s);
@@ -76,7 +77,7 @@ S=${ATTNKIT_SESSION_DIR:-/root/attnkit-session}
 OUT=${OUT:-/tmp/out}; R=$S/results
 case ${1:-wait} in split|aside|back) ;; *) mkdir -p "$OUT" "$R" ;; esac   # these three run here, before the session
 ORACLE_OWN=${ORACLE_OWN:-360}; ORACLE_FORCED=${ORACLE_FORCED:-300}; TUNE_COMPILE=${TUNE_COMPILE:-200}
-TUNE_BUDGET=${TUNE_BUDGET:-300}; VALIDATE_S=${VALIDATE_S:-240}; HF_S=${HF_S:-300}; COMPILED_S=${COMPILED_S:-240}; REPLAY_S=${REPLAY_S:-240}; TRAIN_S=${TRAIN_S:-240}; REFRESH_COMPILE=${REFRESH_COMPILE:-150}; REFRESH_BUDGET=${REFRESH_BUDGET:-280}; VARLEN_S=${VARLEN_S:-120}; SDPAHOST_S=${SDPAHOST_S:-150}; SMOKE_S=${SMOKE_S:-900}; GUARDPROF_S=${GUARDPROF_S:-150}; DISPATCH_S=${DISPATCH_S:-60}; REBENCH_S=${REBENCH_S:-300}; COMPSTACK_S=${COMPSTACK_S:-240}; FLEXGRAD_S=${FLEXGRAD_S:-240}; ALIBIGRAPH_S=${ALIBIGRAPH_S:-300}; BENCH_S=${BENCH_S:-600}; SHARDS=${SHARDS:-}
+TUNE_BUDGET=${TUNE_BUDGET:-300}; VALIDATE_S=${VALIDATE_S:-240}; HF_S=${HF_S:-300}; COMPILED_S=${COMPILED_S:-240}; REPLAY_S=${REPLAY_S:-240}; TRAIN_S=${TRAIN_S:-240}; REFRESH_COMPILE=${REFRESH_COMPILE:-150}; REFRESH_BUDGET=${REFRESH_BUDGET:-280}; VARLEN_S=${VARLEN_S:-120}; SDPAHOST_S=${SDPAHOST_S:-150}; SMOKE_S=${SMOKE_S:-900}; GUARDPROF_S=${GUARDPROF_S:-150}; DISPATCH_S=${DISPATCH_S:-60}; REBENCH_S=${REBENCH_S:-300}; COMPSTACK_S=${COMPSTACK_S:-240}; FLEXGRAD_S=${FLEXGRAD_S:-240}; ALIBIGRAPH_S=${ALIBIGRAPH_S:-300}; FLEXDYN_S=${FLEXDYN_S:-200}; BENCH_S=${BENCH_S:-600}; SHARDS=${SHARDS:-}
 step=${1:-wait}
 
 phase() { echo "$(date +%T) $*" | tee -a "$R/phases.log"; }
@@ -265,6 +266,7 @@ guardprof() { probe "$GUARDPROF_S" "cudnn guard forms probe" probe-cudnn-guard-f
 # the graph; attention()'s own pick compiled with dynamic sizes beside it (tools/probe-flex-compiled-grad.py)
 flexgrad() { probe "$FLEXGRAD_S" "flex compiled backward probe" probe-flex-compiled-grad.py flex-compiled-grad ok failed; }
 alibigraph() { probe "$ALIBIGRAPH_S" "ALiBi in a graph probe" probe-alibi-graph.py alibi-graph; }
+flexdyn() { probe "$FLEXDYN_S" "flex forward in a dynamic graph probe" probe-flex-graph-dynamic.py flex-graph-dynamic ok failed; }
 # a compiled attention() step's host time, Python frame by frame, against eager and the plain call compiled
 compstack() { probe "$COMPSTACK_S" "compiled host stack probe" probe-compiled-host-stack.py compiled-host-stack; }
 # `attnkit bench` (BENCH_SHAPES="label;label": only those suite shapes), its report written shape by shape
@@ -365,8 +367,8 @@ job() {
   local p
   for p in ${ORDER:-checks hf compiled tune}; do
     [ "$p" = tune ] || table_in_use   # every phase after a sweep runs on its table
-    case $p in checks|hf|compiled|tune|replay|refresh|train|varlen|sdpahost|guardprof|dispatch|compstack|flexgrad|alibigraph|bench|rebench) $p ;;
-      *) phase "skipped: unknown phase '$p' in ORDER (checks hf compiled tune replay refresh train varlen sdpahost guardprof dispatch compstack flexgrad alibigraph bench rebench)" ;; esac
+    case $p in checks|hf|compiled|tune|replay|refresh|train|varlen|sdpahost|guardprof|dispatch|compstack|flexgrad|alibigraph|flexdyn|bench|rebench) $p ;;
+      *) phase "skipped: unknown phase '$p' in ORDER (checks hf compiled tune replay refresh train varlen sdpahost guardprof dispatch compstack flexgrad alibigraph flexdyn bench rebench)" ;; esac
   done
   phase "DONE"
 }
@@ -379,6 +381,7 @@ pack() {
   grep -h "^[A-Za-z].*: plain" "$R/cudnn-guard-forms.log" 2>/dev/null
   grep -hv USDT "$R/compiled-host-stack.log" 2>/dev/null | head -60
   grep -v "Warning\|warnings.warn" "$R/alibi-graph.log" 2>/dev/null | cut -c1-400 | tail -n 12
+  grep -h "^ok\|^failed\|^summary" "$R/flex-graph-dynamic.log" 2>/dev/null | cut -c1-700
   grep -h "^bench \|^summary" "$R/bench.log" "$R/bench-again.log" 2>/dev/null | cut -c1-600
   cat "$R/dispatch-overhead.json" 2>/dev/null | tr -d ' \n' | cut -c1-400; echo
 }

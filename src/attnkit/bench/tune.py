@@ -64,8 +64,12 @@ WIDE = 4  # `wide`: the sequence 4x shorter than shape_for's, the batch 16x larg
 # `packed`: work levels per length class, within what it reaches (shape_for packs at most 512 sequences; a short
 # case's call does ~4x its level's work: its longest sequence, 64, sets the padded length), short first
 PACKED_WORK_LOG2 = {"short": (27, 29, 25), "mixed": (31, 35), "long": (35, 37)}
-ALIBI_WORK_LOG2 = (35, 33, 37)  # `alibi_lm`: prefill and training of 1-13B ALiBi models (B1-8, S1k-8k, 16-40 heads)
-ALIBI_QUERY_SHAPES = ("equal", "chunk", "few", "decode")  # training and prefill, chunked prefill, speculative, decode
+# `alibi_lm`: the work levels per query shape of 1-176B ALiBi models' calls: training and prefill (B1-8, S1k-8k,
+# 16-112 heads) at 2^33-2^37; few-query and decode steps at 2^29-2^33 (MPT-7B decoding B64 at Sk8192 is 2^31: a
+# decode call's K and V hold 4 bytes per unit of work in MHA, so 2^35 at D128 needs 128 GiB; on 2026-12-07 such
+# cases ran the H100's compile shards out of memory)
+ALIBI_WORK_LOG2 = {"equal": (35, 33, 37), "chunk": (35, 33, 37), "few": (31, 29, 33), "decode": (31, 29, 33)}
+ALIBI_QUERY_SHAPES = tuple(ALIBI_WORK_LOG2)  # training and prefill, chunked prefill, speculative, decode
 TINY_WORK_LOG2 = (24,)  # `tiny`: calls of a few us of GPU work (B1 S128 H8 D64 is 2^23), below WORK_LOG2's lowest level
 PRUNE = 3.0  # a backend 3x slower than the fastest in its first calls is not timed further (bench_shape's prune)
 FEATURES: dict[str, tuple[Any, ...]] = {"head_dim": HEAD_DIMS, "dtype": DTYPES, "causal": (True, False), "kv": tuple(KV),
@@ -232,15 +236,18 @@ def tiny(cells: list[tuple[Any, ...]], order: list[int], train_ok: bool) -> list
 
 def alibi_lm(cells: list[tuple[Any, ...]], order: list[int], train_ok: bool) -> list[Shape]:
     """The cells ALiBi language models call (causal, MHA, half precision, unpacked: BLOOM, MPT, Falcon-RW,
-    Baichuan-13B) at COMMON_HEAD_DIMS on ALIBI_WORK_LOG2, in every query shape they run (ALIBI_QUERY_SHAPES),
-    training where the query shape trains; level by level, the middle first. The grid gives a cell with a feature
+    Baichuan-13B) at COMMON_HEAD_DIMS, in every query shape they run, on that shape's ALIBI_WORK_LOG2 levels,
+    training where the query shape trains; level by level (each shape's middle level first). The grid gives a cell with a feature
     two points at a rotating head dim, so until 2026-12-07 the causal MHA ALiBi cell with equal lengths had no point
     at all, and ALiBi calls at D128 were decided by D192 or D40 points, or by another kv sharing's: on the bench's
     MHA D128 chunk (Sq1024 Sk8192) that was flex, 0.69-0.91 of the plain call (H100, session 28)."""
     out = []
-    for lw, hd, i in itertools.product(ALIBI_WORK_LOG2, COMMON_HEAD_DIMS, order):
+    levels = max(len(v) for v in ALIBI_WORK_LOG2.values())
+    for level, hd, i in itertools.product(range(levels), COMMON_HEAD_DIMS, order):
         c = cells[i]
-        if c[0] in HALF and c[1] is True and c[2] == "mha" and c[3] in ALIBI_QUERY_SHAPES and c[4:] == ("alibi", "no"):
+        if (c[0] in HALF and c[1] is True and c[2] == "mha" and c[4:] == ("alibi", "no")
+                and level < len(ALIBI_WORK_LOG2.get(c[3], ()))):
+            lw = ALIBI_WORK_LOG2[c[3]][level]
             out.append(shape_for(c, hd, float(lw), train_ok and c[3] not in ("decode", "few"), seed=i))
     return out
 
@@ -569,19 +576,55 @@ def run(out: Path, shard: tuple[int, int] = (1, 1), budget_s: float = 1500.0, qu
         warm_gpu()
     t0 = time.perf_counter()
     ran = 0
+    unfit: list[str] = []
     for s in todo:
         if time.perf_counter() - t0 > budget_s:
-            say(f"tune: budget of {budget_s:.0f} s reached; {len(todo) - ran} cases left (run again with --resume)")
+            say(f"tune: budget of {budget_s:.0f} s reached; {len(todo) - ran - len(unfit)} cases left (run again "
+                "with --resume)")
             break
         c0 = time.perf_counter()
-        r = bench_shape(s, device, iters=3 if grid is QUICK else 8, rounds=2 if grid is QUICK else 3, backends_only=True,
-                        prune=PRUNE)
+        r = None
+        for attempt in (1, 2):
+            failed = ""
+            try:
+                r = bench_shape(s, device, iters=3 if grid is QUICK else 8, rounds=2 if grid is QUICK else 3,
+                                backends_only=True, prune=PRUNE)
+            except Exception as exc:  # the case's own tensors did not fit (a candidate's OOM is its recorded error)
+                if not out_of_memory(exc):
+                    raise
+                failed = f"{type(exc).__name__}: {first_line(exc, 120)}"
+            if r is not None:
+                break
+            _release_memory(device)  # outside the except: its traceback holds the frames that hold the tensors
+            if attempt == 2:  # no line: a --resume on a device with more free memory takes it
+                unfit.append(s.label)
+                say(f"tune {s.label}: does not fit this device, twice ({failed}); left out")
+        if r is None:
+            continue
         r["seconds"] = round(time.perf_counter() - c0, 2)
         _append_line(out, r)  # one line per case: a kill loses at most the case running
         ran += 1
         say(f"tune {s.label}: {r['seconds']:.1f} s, fastest {decision_order(r, 'fwd')[:1]}")
-    return {"planned": len(mine), "done_before": len(done), "ran": ran, "left": len(todo) - ran + waiting,
-            "not_compiled": waiting}
+    return {"planned": len(mine), "done_before": len(done), "ran": ran, "left": len(todo) - ran - len(unfit) + waiting,
+            "not_compiled": waiting, "did_not_fit": unfit}
+
+
+def _release_memory(device: str) -> None:
+    """What a case that ran out of memory may find held before its retry: attnkit's bound calls (each keeps its
+    call's ALiBi slopes, and so their dense bias in layout.BIASES), the dense biases and masks themselves, and
+    the allocator's free blocks. On 2026-12-07 (H100) a case that one run had timed found 74 GiB held by the next."""
+    import gc
+
+    from attnkit.runtime import dispatch, layout
+
+    dispatch.invalidate(None)
+    layout.BIASES.clear()
+    layout.cached_mask.cache_clear()
+    gc.collect()
+    if device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
 
 
 COMPILE_LOCK = "attnkit-tune-compile.lock"  # beside the shards' common --out, else in the temp folder

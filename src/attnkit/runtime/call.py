@@ -50,6 +50,9 @@ class AttentionCall:
     softcap: bool = False
     trace: str = ""  # "" = eager; else a key of TRACES: the call is being recorded into a graph
     symbolic: bool = False  # traced with sizes the graph keeps dynamic (SymInts: torch.compile's dynamic shapes)
+    # traced by torch.compile(dynamic=True) (or with dynamo's assume_static_by_default off): every size assumed
+    # dynamic, whatever it is now
+    dynamic: bool = False
     # varlen only: per-sequence lengths, read once on the host while validating cu_seqlens
     lengths_q: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
     lengths_k: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
@@ -92,7 +95,8 @@ class AttentionCall:
         if self.requires_grad:
             parts.append("grad")
         if self.trace:
-            parts.append(f"traced by {TRACES[self.trace]}" + (" with dynamic sizes" if self.symbolic else ""))
+            parts.append(f"traced by {TRACES[self.trace]}" + (" with every size dynamic" if self.dynamic else
+                                                               " with dynamic sizes" if self.symbolic else ""))
         return " ".join(parts)
 
 
@@ -306,6 +310,7 @@ class Inputs:
             trace=trace,
             symbolic=bool(trace) and any(type(n) is not int for t in (q, k, v, alibi, bias) if t is not None
                                          for n in t.shape),
+            dynamic=trace == "compile" and _dynamic_compile(),
             lengths_q=lengths_q,
             lengths_k=lengths_k,
         )
@@ -366,3 +371,14 @@ def _check_cu(cu: Any, name: str, t: Any, max_len: int, max_name: str) -> tuple[
         raise _fail(max_name, f"{max_len} is not a sequence length (at most {MAX_LEN}); the longest sequence "
                               f"is {max(lengths)}")
     return tuple(lengths)
+
+
+def _dynamic_compile() -> bool:
+    """Is torch.compile tracing with dynamic=True? It then assumes no size static (dynamo's config, patched for the
+    trace): a call whose sizes are plain ints now may still be compiled for every size (nothing tells them apart)."""
+    try:
+        import torch._dynamo
+
+        return not torch._dynamo.config.assume_static_by_default
+    except (ImportError, AttributeError):
+        return False

@@ -11,11 +11,13 @@ import os
 import threading
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from attnkit.errors import first_line
 from attnkit.runtime.backends import REGISTRY, Backend
+from attnkit.runtime.backends.base import Limits
 from attnkit.runtime.call import AttentionCall
 from attnkit.runtime.priority import order_for
 from attnkit.runtime.probe import Probe
@@ -36,7 +38,42 @@ def priority_for(call: AttentionCall, probe: Probe) -> tuple[str, ...]:
 def decided_order(call: AttentionCall, probe: Probe) -> tuple[tuple[str, ...], Decision]:
     """The order selection walks for `call`, and the measured table point or row that decided it."""
     cap = probe.capability(call.device_index) if call.device == "cuda" else None
-    return order_for(call, cap)
+    return graph_alibi_order(*order_for(call, cap), call)
+
+
+def _limits(b: Backend) -> Limits:
+    return b.limits[0].limits if isinstance(b.limits, tuple) else b.limits
+
+
+def graph_alibi_order(order: tuple[str, ...], decision: Decision,
+                      call: AttentionCall) -> tuple[tuple[str, ...], Decision]:
+    """Rule 5 of runtime/table.py: in a torch.compile graph, a half-precision ALiBi call goes first to the backends
+    that take the slopes (flex's score_mod, flash-attn 2), then to those that build a dense bias from them
+    (Limits.alibi_bias: torch's SDPA kernels, xformers). The table and the rows rank them eagerly, where that bias is
+    built once per slopes tensor and kept (layout.BiasCache); a graph cannot keep it and builds it on every call.
+    Measured on an H100 (2026-12-07, tools/probe-alibi-graph.py,
+    docs/results/2026-12-07-h100-alibi-graph-session29.json; 7 ALiBi shapes, D64 and D128, decode to training, 8
+    passes, each in both timing modes): compiled, `sdpa` ran 1.035-3.15x its eager time and flex 0.92-1.10x, so flex
+    was the faster of the two in a graph in 15 of the 16 columns (the few-query forward back to back: sdpa 3%
+    faster), 5 of them among the 6 where `sdpa` was faster eagerly. A backend the deciding table point did not
+    find correct (its order leaves out what failed or answered wrongly there: flex raised on a D64 decode point) is
+    not moved. float32 keeps the order as measured (flex's float32 kernels are 20-500x slower from D128 up: the
+    table's float32 points), and so does the CPU (unmeasured). Applied after the table or the rows (order_for), so
+    `attnkit tune --cross-check` does not score it: the sweep times eager calls only."""
+    if not (call.trace == "compile" and call.alibi and call.device == "cuda" and call.dtype in ("float16", "bfloat16")):
+        return order, decision
+    dense = [i for i, n in enumerate(order) if n in REGISTRY and _limits(REGISTRY[n]).alibi_bias]
+    if not dense:
+        return order, decision
+    trusted = set(decision.order) if decision.source == "table" else set(order)
+    slopes = [n for n in order[dense[0]:] if n in REGISTRY and n in trusted and _limits(REGISTRY[n]).alibi
+              and not _limits(REGISTRY[n]).alibi_bias]
+    if not slopes:
+        return order, decision
+    head = order[:dense[0]]
+    moved = (*head, *slopes, *(n for n in order[dense[0]:] if n not in slopes))
+    return moved, replace(decision, label=f"{decision.label}; in a graph, the ALiBi backends that take the slopes "
+                                          "ahead of those that build a dense bias (rule 5)")
 
 
 def explain(call: AttentionCall, probe: Probe, names: list[str] | None = None) -> dict[str, list[str]]:

@@ -103,9 +103,9 @@ def check(backend: str, case_name: str, dtype: str, device: str) -> dict[str, An
                 return {**entry, "outcome": "skipped", "reason": f"{COMPILED}: run on {', '.join(COMPILED_CASES)}"}
             SELECTOR.reset()  # an earlier row's fallback must not decide this row's pick (SELECTOR.judged_pick)
             try:
-                # the graph below keeps its sizes dynamic: its pick is made for a symbolic call (flex, say, records
-                # no backward there), not for these tensors' static sizes
-                entry["selected"] = select(replace(inp.describe("compile"), symbolic=True)).name
+                # the graph below is compiled with dynamic=True: its pick is made for that call (flex, say, is
+                # refused there), not for these tensors' static sizes
+                entry["selected"] = select(replace(inp.describe("compile"), symbolic=True, dynamic=True)).name
             except NoBackendError as exc:
                 return {**entry, "outcome": "skipped", "reason": f"{COMPILED}: {_refusal(exc)}"}
             kw = _kwargs(inp)

@@ -62,6 +62,11 @@ The rule, in full (`RULE`, a `Rule`: its knobs are data, so `attnkit tune --cros
    exists; leave-one-out says the rows serve far calls better than the least distant far point: over the 762
    cases, 0.962 / 0.957 against 0.954 / 0.947, the calls the rows decide being where the two differ
    (`Rule.far_decides`, scored in docs/results/2026-12-06-dev-tune-variants-762-cases-session24.json).
+5. In a torch.compile graph, a half-precision ALiBi call on a GPU goes to the backends that take the slopes (flex,
+   flash-attn 2) before those that build a dense bias from them (`Limits.alibi_bias`), where the deciding table
+   point found them correct: the sweep times that bias built once and kept, and a graph builds it on every call.
+   Not a knob of `Rule`: select.decided_order applies it after rules 1-4 (`select.graph_alibi_order`, measured
+   there), and `tune --cross-check`, which scores eager calls, does not see it.
 
 The knobs were chosen by leave-one-out over the H200 sweep's own cases (each case hidden, the table merged from the
 rest, the rule's pick timed by the hidden case's measurement). On the first 157 cases

@@ -34,6 +34,9 @@ class Limits:
     causal: bool = True
     window: bool = False
     alibi: bool = False
+    # ALiBi as a dense (B, H, Sq, Sk) bias built from the slopes: kept across eager calls (layout.BiasCache, which
+    # the sweep times), built again on every call of a torch.compile graph (select.graph_alibi_order)
+    alibi_bias: bool = False
     bias: bool = False
     dropout: bool = False
     softcap: bool = False

@@ -66,6 +66,17 @@ FLASH_BROKEN = (f"flex's FLASH backend raises on masks, score mods and backward 
 # compiled with static sizes (torch.compile's default for a first size) keeps eager's flex kernels in training.
 GRAPH_GRAD = ("its backward is not recorded inside attnkit's torch.compile call when the graph's sizes are "
               "dynamic (flex's own nested compile fails on them); static sizes record it")
+# torch.compile(dynamic=True) of attnkit's graph call: on the CPU (torch 2.13) flex's forward failed in inductor in 4
+# of 4 cases, also with every size marked static ("A subgraph argument other than striding has been modified;
+# FakeTensorUpdater cannot update this argument"), while the same graph compiled with dynamic=None passed at two
+# sizes (its second compile keeps the changed sizes dynamic); torch's own flex_attention under dynamic=True failed to
+# build its CPU kernel at those sizes too, so the CPU does not say whose failure it is
+# (tools/probe-flex-graph-dynamic.py, docs/results/2026-12-07-dev-cpu-flex-graph-dynamic-session29.json). No GPU has
+# run flex in such a graph, forward or backward, and the H200's one try (a backward) failed: flex stays out of
+# them, whichever torch.compile backend, and they go to a backend that records them (a dense mask or bias in the
+# graph) rather than to a compile error with no fallback
+GRAPH_DYNAMIC = ("not recorded inside attnkit's torch.compile call compiled with dynamic=True (flex's forward failed "
+                 "in inductor there on the CPU, torch 2.13; no GPU has run it); dynamic=None keeps it")
 GRAPH_GRAD_VARLEN = ("its backward for packed varlen (a document mask) fails in inductor's lowering under "
                      "torch.compile on this torch ('NotImplementedError: SliceView', H100, torch 2.11)")
 
@@ -230,6 +241,8 @@ class Flex(Backend):
     def extra_reasons(self, call: AttentionCall, capability: tuple[int, int] | None) -> list[str]:
         if call.device == "cpu" and call.requires_grad:
             return ["no backward on CPU (torch's FlexAttention: 'does not support backward on CPU')"]
+        if call.trace == "compile" and call.dynamic:
+            return [GRAPH_DYNAMIC]
         if call.trace == "compile" and call.requires_grad and (call.symbolic or call.varlen):
             return [GRAPH_GRAD_VARLEN if call.varlen else GRAPH_GRAD]
         return []

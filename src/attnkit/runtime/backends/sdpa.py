@@ -32,6 +32,7 @@ class Sdpa(SdpaBackend):
         varlen="padded",
         window=True,
         alibi=True,
+        alibi_bias=True,
         bias=True,
         dropout=True,
         traces=GRAPH_TRACES,

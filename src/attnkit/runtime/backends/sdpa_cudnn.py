@@ -19,6 +19,7 @@ class SdpaCudnn(SdpaBackend):
         gqa="native",
         window=True,
         alibi=True,
+        alibi_bias=True,
         bias=True,
         dropout=True,
         traces=GRAPH_TRACES,

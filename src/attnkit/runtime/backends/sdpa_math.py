@@ -18,6 +18,7 @@ class SdpaMath(SdpaBackend):
         varlen="padded",
         window=True,
         alibi=True,
+        alibi_bias=True,
         bias=True,
         dropout=True,
         softcap=True,

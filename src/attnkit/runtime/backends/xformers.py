@@ -28,6 +28,7 @@ class Xformers(Backend):
         varlen="native",
         bias=True,
         alibi=True,
+        alibi_bias=True,
         dropout=True,
     )
 
