@@ -582,10 +582,10 @@ def run(out: Path, shard: tuple[int, int] = (1, 1), budget_s: float = 1500.0, qu
             say(f"tune: budget of {budget_s:.0f} s reached; {len(todo) - ran - len(unfit)} cases left (run again "
                 "with --resume)")
             break
-        c0 = time.perf_counter()
         r = None
         for attempt in (1, 2):
             failed = ""
+            c0 = time.perf_counter()
             try:
                 r = bench_shape(s, device, iters=3 if grid is QUICK else 8, rounds=2 if grid is QUICK else 3,
                                 backends_only=True, prune=PRUNE)

@@ -310,7 +310,7 @@ class Inputs:
             trace=trace,
             symbolic=bool(trace) and any(type(n) is not int for t in (q, k, v, alibi, bias) if t is not None
                                          for n in t.shape),
-            dynamic=trace == "compile" and _dynamic_compile(),
+            dynamic=trace == "compile" and dynamic_compile(),
             lengths_q=lengths_q,
             lengths_k=lengths_k,
         )
@@ -373,7 +373,7 @@ def _check_cu(cu: Any, name: str, t: Any, max_len: int, max_name: str) -> tuple[
     return tuple(lengths)
 
 
-def _dynamic_compile() -> bool:
+def dynamic_compile() -> bool:
     """Is torch.compile tracing with dynamic=True? It then assumes no size static (dynamo's config, patched for the
     trace): a call whose sizes are plain ints now may still be compiled for every size (nothing tells them apart)."""
     try:

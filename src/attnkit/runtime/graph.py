@@ -22,7 +22,7 @@ import warnings
 from typing import Any
 
 from attnkit.runtime.backends import Backend
-from attnkit.runtime.call import AttentionCall, Inputs, _dynamic_compile
+from attnkit.runtime.call import AttentionCall, Inputs, dynamic_compile
 
 
 def run_traced(inp: Inputs, backend: str | None, trace: str) -> Any:
@@ -50,7 +50,7 @@ def records_varlen(device: str, device_index: int, dtype: str, heads: int, kv_he
                          heads=heads, kv_heads=kv_heads, head_dim=head_dim, head_dim_v=head_dim_v, causal=causal,
                          dropout=dropout, window=window, alibi=False, bias=False, varlen=True,
                          requires_grad=requires_grad, deterministic=deterministic, softcap=softcap, trace="compile",
-                         dynamic=_dynamic_compile())
+                         dynamic=dynamic_compile())
     try:
         SELECTOR.select(call, probe())
     except NoBackendError:

@@ -56,8 +56,8 @@ def graph_alibi_order(order: tuple[str, ...], decision: Decision,
     passes, each in both timing modes): compiled, `sdpa` ran 1.035-3.15x its eager time and flex 0.92-1.10x, so flex
     was the faster of the two in a graph in 15 of the 16 columns (the few-query forward back to back: sdpa 3%
     faster), 5 of them among the 6 where `sdpa` was faster eagerly. A backend the deciding table point did not
-    find correct (its order leaves out what failed or answered wrongly there: flex raised on a D64 decode point) is
-    not moved. float32 keeps the order as measured (flex's float32 kernels are 20-500x slower from D128 up: the
+    find correct (its own order, `Decision.point`, leaves out what failed or answered wrongly there: flex raised on a
+    D64 decode point) is not moved. float32 keeps the order as measured (flex's float32 kernels are 20-500x slower from D128 up: the
     table's float32 points), and so does the CPU (unmeasured). Applied after the table or the rows (order_for), so
     `attnkit tune --cross-check` does not score it: the sweep times eager calls only."""
     if not (call.trace == "compile" and call.alibi and call.device == "cuda" and call.dtype in ("float16", "bfloat16")):
@@ -65,9 +65,9 @@ def graph_alibi_order(order: tuple[str, ...], decision: Decision,
     dense = [i for i, n in enumerate(order) if n in REGISTRY and _limits(REGISTRY[n]).alibi_bias]
     if not dense:
         return order, decision
-    trusted = set(decision.order) if decision.source == "table" else set(order)
-    slopes = [n for n in order[dense[0]:] if n in REGISTRY and n in trusted and _limits(REGISTRY[n]).alibi
-              and not _limits(REGISTRY[n]).alibi_bias]
+    trusted = set(decision.point) if decision.source == "table" else set(order)
+    slopes = list(dict.fromkeys(n for n in order[dense[0]:] if n in REGISTRY and n in trusted
+                                and _limits(REGISTRY[n]).alibi and not _limits(REGISTRY[n]).alibi_bias))
     if not slopes:
         return order, decision
     head = order[:dense[0]]

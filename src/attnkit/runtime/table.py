@@ -249,6 +249,9 @@ class Decision:
     label: str  # the table's cell and point, or the row's label
     order: tuple[str, ...] = ()
     far: bool = False  # table only: the nearest point is too far to decide (Rule.far_log2, far_head_dim_log2)
+    # table only: the nearest point's own order, the backends found correct there (a blended order may also hold
+    # backends other near points timed: select.graph_alibi_order trusts this one)
+    point: tuple[str, ...] = ()
 
     def describe(self) -> str:
         return f"{self.source}: {self.label}" + (" (too far from the call to decide)" if self.far else "")
@@ -434,10 +437,12 @@ def decide(call: AttentionCall, table: dict[str, Any], rule: Rule = RULE) -> Dec
         if len(near) > 1 and pt.get("scores"):
             scores = blended_scores(near, rule.blend)
             label = f"{label}, blended with {len(near) - 1} more near point(s)"
-            return Decision("table", *prefer_plain(blended_order(scores, pt["order"]), scores, rule, label))
+            return Decision("table", *prefer_plain(blended_order(scores, pt["order"]), scores, rule, label),
+                            point=tuple(pt["order"]))
     if far:
-        return Decision("table", label, tuple(pt["order"]), far=True)
-    return Decision("table", *prefer_plain(tuple(pt["order"]), pt.get("scores") or {}, rule, label))
+        return Decision("table", label, tuple(pt["order"]), far=True, point=tuple(pt["order"]))
+    return Decision("table", *prefer_plain(tuple(pt["order"]), pt.get("scores") or {}, rule, label),
+                    point=tuple(pt["order"]))
 
 
 PLAIN = "sdpa"  # the plain call: F.scaled_dot_product_attention choosing its own kernel (Rule.plain_margin)
