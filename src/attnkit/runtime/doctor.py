@@ -82,7 +82,7 @@ def report(p: Probe | None = None, deep: bool = True) -> dict[str, Any]:
 
 
 def _device_reason(b: Any, device: str) -> list[str]:
-    limits = b.limits if not isinstance(b.limits, tuple) else b.limits[0].limits
+    limits = b.first_limits()
     if device in limits.devices:
         return []
     return [f"runs on {'/'.join(sorted(limits.devices))}; this machine runs attention on {device}"]

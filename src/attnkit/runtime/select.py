@@ -17,7 +17,6 @@ from typing import Any
 
 from attnkit.errors import first_line
 from attnkit.runtime.backends import REGISTRY, Backend
-from attnkit.runtime.backends.base import Limits
 from attnkit.runtime.call import AttentionCall
 from attnkit.runtime.priority import order_for
 from attnkit.runtime.probe import Probe
@@ -41,10 +40,6 @@ def decided_order(call: AttentionCall, probe: Probe) -> tuple[tuple[str, ...], D
     return graph_alibi_order(*order_for(call, cap), call)
 
 
-def _limits(b: Backend) -> Limits:
-    return b.limits[0].limits if isinstance(b.limits, tuple) else b.limits
-
-
 def graph_alibi_order(order: tuple[str, ...], decision: Decision,
                       call: AttentionCall) -> tuple[tuple[str, ...], Decision]:
     """Rule 5 of runtime/table.py: in a torch.compile graph, a half-precision ALiBi call goes first to the backends
@@ -62,12 +57,12 @@ def graph_alibi_order(order: tuple[str, ...], decision: Decision,
     `attnkit tune --cross-check` does not score it: the sweep times eager calls only."""
     if not (call.trace == "compile" and call.alibi and call.device == "cuda" and call.dtype in ("float16", "bfloat16")):
         return order, decision
-    dense = [i for i, n in enumerate(order) if n in REGISTRY and _limits(REGISTRY[n]).alibi_bias]
+    dense = [i for i, n in enumerate(order) if n in REGISTRY and REGISTRY[n].first_limits().alibi_bias]
     if not dense:
         return order, decision
     trusted = set(decision.point) if decision.source == "table" else set(order)
     slopes = list(dict.fromkeys(n for n in order[dense[0]:] if n in REGISTRY and n in trusted
-                                and _limits(REGISTRY[n]).alibi and not _limits(REGISTRY[n]).alibi_bias))
+                                and REGISTRY[n].first_limits().alibi and not REGISTRY[n].first_limits().alibi_bias))
     if not slopes:
         return order, decision
     head = order[:dense[0]]

@@ -134,6 +134,11 @@ class Backend:
     # tune sweep's compile phase and `bench --compiled` run ahead of timing; the others have nothing to compile
     compiles: bool = False
 
+    def first_limits(self) -> Limits:
+        """Its limits, or those of its first architecture row: the features it declares at all (what doctor lists
+        and rule 5 reads), not whether this GPU gets them (`reasons` decides that)."""
+        return self.limits[0].limits if isinstance(self.limits, tuple) else self.limits
+
     def unavailable(self, probe: Probe) -> list[str]:
         """Reasons this backend cannot run on this machine at all (library missing, torch too old)."""
         if probe.torch is None:
