@@ -415,6 +415,61 @@ def test_flex_new_key_lengths_do_not_multiply_graphs():
     assert counters["stats"]["unique_graphs"] <= 2
 
 
+def test_flex_compiles_its_first_sizes_each_for_itself_then_shares_one_dynamic_entry(monkeypatch):
+    """flex in a dynamic graph ran 1.3-1.8x slower with ALiBi (H100, 2026-12-07): a signature's first
+    STATIC_SIZES sizes get an entry point each, compiled with dynamic=False; later sizes and packed calls (None)
+    share the signature's one entry, which torch.compile's default makes dynamic at its second size."""
+    import torch
+
+    made: list[tuple[str, object]] = []
+    real = torch.compile
+
+    def compile_(fn, **kw):
+        made.append((fn.__name__, kw.get("dynamic", "unset")))
+        return real(fn, **kw)
+
+    monkeypatch.setattr(torch, "compile", compile_)
+    monkeypatch.setattr(flex_mod, "_STATIC", {"sizes": 2})
+    sig = ("test-static", len(flex_mod._SIGNATURES))
+    a = flex_mod.entry_point(sig, ((1, 2), (3, 4)))
+    assert flex_mod.entry_point(sig, ((1, 2), (3, 4))) is a  # the same size: its own entry again
+    b = flex_mod.entry_point(sig, ((5, 6), (7, 8)))
+    shared = flex_mod.entry_point(sig, ((9, 9), (9, 9)))  # past 2 sizes
+    assert len({id(a), id(b), id(shared)}) == 3
+    assert flex_mod.entry_point(sig, ((10, 10), (10, 10))) is shared and flex_mod.entry_point(sig, None) is shared
+    assert flex_mod.entry_point(sig, ((1, 2), (3, 4))) is a  # a size seen early keeps its own kernel
+    assert [d for _, d in made] == [False, False, None]
+    assert flex_mod.entry_point(("test-packed", len(flex_mod._SIGNATURES)), None) is not shared
+
+
+def test_the_bench_and_the_sweep_compile_every_size_for_itself(monkeypatch):
+    monkeypatch.setattr(flex_mod, "_STATIC", {"sizes": flex_mod.STATIC_SIZES})
+    flex_mod.for_measurement(64)
+    assert flex_mod._STATIC["sizes"] == 64
+    sig = ("test-measured", len(flex_mod._SIGNATURES))
+    entries = {id(flex_mod.entry_point(sig, ((n,), (n,)))) for n in range(flex_mod.STATIC_SIZES + 3)}
+    assert len(entries) == flex_mod.STATIC_SIZES + 3
+
+
+def test_a_static_flex_entry_computes_flex_at_its_size():
+    from torch._dynamo.utils import counters
+    from torch.nn.attention.flex_attention import flex_attention
+
+    q, k, v = (torch.randn(1, 2, n, 16) for n in (24, 40, 40))
+    entry = flex_mod.entry_point(("test-static-run", len(flex_mod._SIGNATURES)), (q.shape, k.shape, v.shape))
+
+    def alibi(score, b, h, i, j):
+        return score - 0.25 * (i + 16 - j).abs()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # flex's eager path warns that it is not compiled: known
+        want = flex_attention(q, k, v, score_mod=alibi)
+    counters.clear()
+    for _ in range(2):
+        got = entry(q, k, v, None, {"score_mod": alibi})
+    assert torch.allclose(got, want, atol=1e-5) and counters["stats"]["unique_graphs"] == 1
+
+
 def test_flex_limits_as_data(monkeypatch):
     monkeypatch.setenv("ATTNKIT_EXPERIMENTAL_FLEX_FLASH", "1")
     flex, flash = REGISTRY["flex"], REGISTRY["flex_flash"]
@@ -1712,6 +1767,38 @@ def test_a_varlen_refresh_times_again_every_pass_of_the_packed_cases_torch_varle
     r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", "--refresh-varlen", str(f), "--refresh-train",
                         str(f), "--out", str(tmp_path / "o.jsonl")], capture_output=True, text=True)
     assert r.returncode == 2 and "--refresh-varlen: not with --refresh-train" in r.stderr
+
+
+def test_a_flex_refresh_times_again_the_one_length_cases_where_flex_was_a_contender_score_mods_first(tmp_path):
+    """`--refresh-flex`: before FLEX_STATIC_SINCE a case after a signature's first in a process timed flex's
+    dynamic graph (1.3-1.8x slower with ALiBi). Cases where flex was within REFRESH_FLEX_NEAR of the fastest are
+    timed again, score mods first, then windows, then masks alone, nearest first; a packed case or a decode (they
+    keep the dynamic kernel), flex far behind, no flex timed, or a case with every pass timed since, are not."""
+    def both(r: dict) -> dict:  # a training line as the sweep writes it: both passes timed
+        for t in r["ms"].values():
+            t["fwdbwd"] = dict(t["fwd"])
+        return r
+
+    def case(label: str, flex: float, **shape: object) -> dict:
+        r = _case(label, "fwd|bfloat16|causal|mha|equal|-|-|-|no", 64, 30.0,
+                  {"sdpa": (1.0, 1.0), **({"flex": (flex, flex)} if flex else {})})
+        r["shape"].update(shape)
+        return r
+
+    lines = [_header("2026-12-06T12:00:00+00:00"), case("mask near", 1.2), case("mask nearer", 1.1),
+             case("window", 1.5, window=[64, 0]), case("alibi", 1.8, alibi=True), case("softcap", 1.05, softcap=30.0),
+             case("far", 2.5, alibi=True), case("no flex", 0), case("packed", 1.1, lengths=[7, 30]),
+             case("done since", 1.2, alibi=True), case("decode", 1.1, alibi=True, seqlen_q=1),
+             both(case("train, forward since", 1.3, alibi=True, train=True)),
+             _header(tune.FLEX_STATIC_SINCE + ":30+00:00"), case("done since", 1.1, alibi=True),
+             case("train, forward since", 1.2, alibi=True)]  # a forward refresh alone: its fwd+bwd is stale
+    f = tmp_path / "t.jsonl"
+    f.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert [s.label for s in tune.refresh_cases([f], "flex")] == ["softcap", "train, forward since", "alibi",
+                                                                   "window", "mask nearer", "mask near"]
+    r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", "--refresh-flex", str(f), "--refresh-varlen",
+                        str(f), "--out", str(tmp_path / "o.jsonl")], capture_output=True, text=True)
+    assert r.returncode == 2 and "--refresh-flex: not with --refresh-varlen" in r.stderr
 
 
 def test_cross_check_with_the_cell_hidden_lets_only_the_neighbours_decide(tmp_path):

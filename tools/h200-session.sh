@@ -47,7 +47,9 @@
 #             refresh: TUNE_FROM's forward passes that FA4 ran (REFRESH_FROM's only, when set), timed again
 #               (REFRESH_KIND=train: the training cases near the cuDNN / FA4 crossover instead, both passes;
 #               REFRESH_KIND=varlen: the packed cases torch_varlen ran, every pass, since its route changed;
-#               REFRESH_KIND="train varlen": both, one after the other, each with the budgets below)
+#               REFRESH_KIND=flex: the cases of one length where flex was a contender, timed before each size got
+#               its own flex kernel, every pass; REFRESH_KIND="train varlen": both, one after the other, each with
+#               the budgets below)
 #               (compile REFRESH_COMPILE s, timed REFRESH_BUDGET s) and merged over TUNE_FROM into
 #               $R/selection/sm90.json;
 #             sdpahost: attnkit's host time on torch's kernels in training against the plain call
@@ -58,7 +60,8 @@
 #               host time by Python frame (tools/probe-compiled-host-stack.py, COMPSTACK_S s); flexgrad: flex's
 #               backward in a compiled graph (tools/probe-flex-compiled-grad.py, FLEXGRAD_S s); alibigraph: ALiBi's dense bias
 #               against flex in a compiled graph (tools/probe-alibi-graph.py, ALIBIGRAPH_S s); flexdyn: flex's forward
-#               in a graph with dynamic sizes (tools/probe-flex-graph-dynamic.py, FLEXDYN_S s); bench: `attnkit
+#               in a graph with dynamic sizes (tools/probe-flex-graph-dynamic.py, FLEXDYN_S s); flexsize: flex compiled for one size against
+#               flex after another size (tools/probe-flex-first-size.py, FLEXSIZE_S s); bench: `attnkit
 #               bench` (BENCH_S s; BENCH_SHAPES="label;label" its suite shapes by label; BENCH_RESUME=FILE an
 #               earlier session's report cut short, continued with --resume: same machine kind only);
 #             rebench: `attnkit bench` again for REBENCH_SHAPES="label;label" into bench-again.json (REBENCH_S s);
@@ -77,7 +80,7 @@ S=${ATTNKIT_SESSION_DIR:-/root/attnkit-session}
 OUT=${OUT:-/tmp/out}; R=$S/results
 case ${1:-wait} in split|aside|back) ;; *) mkdir -p "$OUT" "$R" ;; esac   # these three run here, before the session
 ORACLE_OWN=${ORACLE_OWN:-360}; ORACLE_FORCED=${ORACLE_FORCED:-300}; TUNE_COMPILE=${TUNE_COMPILE:-200}
-TUNE_BUDGET=${TUNE_BUDGET:-300}; VALIDATE_S=${VALIDATE_S:-240}; HF_S=${HF_S:-300}; COMPILED_S=${COMPILED_S:-240}; REPLAY_S=${REPLAY_S:-240}; TRAIN_S=${TRAIN_S:-240}; REFRESH_COMPILE=${REFRESH_COMPILE:-150}; REFRESH_BUDGET=${REFRESH_BUDGET:-280}; VARLEN_S=${VARLEN_S:-120}; SDPAHOST_S=${SDPAHOST_S:-150}; SMOKE_S=${SMOKE_S:-900}; GUARDPROF_S=${GUARDPROF_S:-150}; DISPATCH_S=${DISPATCH_S:-60}; REBENCH_S=${REBENCH_S:-300}; COMPSTACK_S=${COMPSTACK_S:-240}; FLEXGRAD_S=${FLEXGRAD_S:-240}; ALIBIGRAPH_S=${ALIBIGRAPH_S:-300}; FLEXDYN_S=${FLEXDYN_S:-200}; BENCH_S=${BENCH_S:-600}; SHARDS=${SHARDS:-}
+TUNE_BUDGET=${TUNE_BUDGET:-300}; VALIDATE_S=${VALIDATE_S:-240}; HF_S=${HF_S:-300}; COMPILED_S=${COMPILED_S:-240}; REPLAY_S=${REPLAY_S:-240}; TRAIN_S=${TRAIN_S:-240}; REFRESH_COMPILE=${REFRESH_COMPILE:-150}; REFRESH_BUDGET=${REFRESH_BUDGET:-280}; VARLEN_S=${VARLEN_S:-120}; SDPAHOST_S=${SDPAHOST_S:-150}; SMOKE_S=${SMOKE_S:-900}; GUARDPROF_S=${GUARDPROF_S:-150}; DISPATCH_S=${DISPATCH_S:-60}; REBENCH_S=${REBENCH_S:-300}; COMPSTACK_S=${COMPSTACK_S:-240}; FLEXGRAD_S=${FLEXGRAD_S:-240}; ALIBIGRAPH_S=${ALIBIGRAPH_S:-300}; FLEXDYN_S=${FLEXDYN_S:-200}; FLEXSIZE_S=${FLEXSIZE_S:-200}; BENCH_S=${BENCH_S:-600}; SHARDS=${SHARDS:-}
 step=${1:-wait}
 
 phase() { echo "$(date +%T) $*" | tee -a "$R/phases.log"; }
@@ -195,7 +198,8 @@ refresh() {
   # --refresh-KIND), then the timed run over what they compiled, merged with TUNE_FROM (a refreshed pass replaces
   # the old one). REFRESH_KIND, one or more of (tune.refresh_cases says which cases): fwd (FA4's forwards, its
   # forward replay), train (training cases near the cuDNN / FA4 crossover), varlen (packed cases torch_varlen ran,
-  # its direct route); each kind gets REFRESH_COMPILE and REFRESH_BUDGET and its own refresh-KIND.jsonl (a case two
+  # its direct route), flex (cases of one length where flex was a contender, timed before each size got its own
+  # flex kernel: score mods first); each kind gets REFRESH_COMPILE and REFRESH_BUDGET and its own refresh-KIND.jsonl (a case two
   # kinds share is done for one once it has that kind's passes: one file would let the first hide the second's),
   # joined in REFRESH_KIND's order into refresh.jsonl (later lines' passes replace earlier ones: tune.latest_passes)
   # REFRESH_FROM=<tune lines in the tree>: only those cases (copied by `start`), merged over TUNE_FROM
@@ -206,7 +210,7 @@ refresh() {
   mkdir -p "$R/refresh" "$R/selection"
   local done_kinds=()
   for kind in ${REFRESH_KIND:-fwd}; do
-    case $kind in fwd|train|varlen) flag=--refresh-$kind ;; *) phase "skipped: refresh kind '$kind' (fwd, train, varlen)"; continue ;; esac
+    case $kind in fwd|train|varlen|flex) flag=--refresh-$kind ;; *) phase "skipped: refresh kind '$kind' (fwd, train, varlen, flex)"; continue ;; esac
     phase "refresh $kind compile"
     local compiled_before
     compiled_before=$(cat "$R/refresh-$kind.jsonl.compiled" 2>/dev/null | wc -l)
@@ -267,6 +271,8 @@ guardprof() { probe "$GUARDPROF_S" "cudnn guard forms probe" probe-cudnn-guard-f
 flexgrad() { probe "$FLEXGRAD_S" "flex compiled backward probe" probe-flex-compiled-grad.py flex-compiled-grad ok failed; }
 alibigraph() { probe "$ALIBIGRAPH_S" "ALiBi in a graph probe" probe-alibi-graph.py alibi-graph; }
 flexdyn() { probe "$FLEXDYN_S" "flex forward in a dynamic graph probe" probe-flex-graph-dynamic.py flex-graph-dynamic ok failed; }
+# flexsize: flex compiled for one size against flex after another size of the same signature (a dynamic graph)
+flexsize() { probe "$FLEXSIZE_S" "flex first size probe" probe-flex-first-size.py flex-first-size case; }
 # a compiled attention() step's host time, Python frame by frame, against eager and the plain call compiled
 compstack() { probe "$COMPSTACK_S" "compiled host stack probe" probe-compiled-host-stack.py compiled-host-stack; }
 # `attnkit bench` (BENCH_SHAPES="label;label": only those suite shapes), its report written shape by shape
@@ -367,8 +373,8 @@ job() {
   local p
   for p in ${ORDER:-checks hf compiled tune}; do
     [ "$p" = tune ] || table_in_use   # every phase after a sweep runs on its table
-    case $p in checks|hf|compiled|tune|replay|refresh|train|varlen|sdpahost|guardprof|dispatch|compstack|flexgrad|alibigraph|flexdyn|bench|rebench) $p ;;
-      *) phase "skipped: unknown phase '$p' in ORDER (checks hf compiled tune replay refresh train varlen sdpahost guardprof dispatch compstack flexgrad alibigraph flexdyn bench rebench)" ;; esac
+    case $p in checks|hf|compiled|tune|replay|refresh|train|varlen|sdpahost|guardprof|dispatch|compstack|flexgrad|alibigraph|flexdyn|flexsize|bench|rebench) $p ;;
+      *) phase "skipped: unknown phase '$p' in ORDER (checks hf compiled tune replay refresh train varlen sdpahost guardprof dispatch compstack flexgrad alibigraph flexdyn flexsize bench rebench)" ;; esac
   done
   phase "DONE"
 }
@@ -382,6 +388,7 @@ pack() {
   grep -hv USDT "$R/compiled-host-stack.log" 2>/dev/null | head -60
   grep -v "Warning\|warnings.warn" "$R/alibi-graph.log" 2>/dev/null | cut -c1-400 | tail -n 12
   grep -h "^ok\|^failed\|^summary" "$R/flex-graph-dynamic.log" 2>/dev/null | cut -c1-700
+  grep -h "^case" "$R/flex-first-size.log" 2>/dev/null | cut -c1-500
   grep -h "^bench \|^summary" "$R/bench.log" "$R/bench-again.log" 2>/dev/null | cut -c1-600
   cat "$R/dispatch-overhead.json" 2>/dev/null | tr -d ' \n' | cut -c1-400; echo
 }

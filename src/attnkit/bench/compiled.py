@@ -206,13 +206,13 @@ def compare(s: Shape, device: str = "cuda", iters: int = 15, rounds: int = 6) ->
 def run_compiled(out: str, only: list[str] | None = None, budget_s: float = 1200.0, say: Any = print) -> int:
     """Every chosen shape (see the module docstring) within `budget_s`; 1 if one is below 0.97 or failed."""
     from attnkit.bench.run import environment, measuring_device
-    from attnkit.runtime.backends.flex import allow_many_signatures
+    from attnkit.runtime.backends.flex import for_measurement
     from attnkit.runtime.probe import probe
     from attnkit.runtime.select import select
 
     if measuring_device("bench --compiled") != "cuda":
         raise UsageError("--compiled: needs a CUDA GPU (it compares compiled against eager kernels)")
-    allow_many_signatures()
+    for_measurement()
     shapes = named(suite(False), only)
     if not only:
         p = probe()

@@ -37,12 +37,12 @@ def bench_shape(s: Shape, device: str, iters: int = 15, rounds: int = 5, backend
     than that kernel), a second race of two on fresh samples is not."""
     import torch
 
-    from attnkit.runtime.backends.flex import allow_many_signatures
+    from attnkit.runtime.backends.flex import for_measurement
     from attnkit.runtime.priority import order_for
     from attnkit.runtime.probe import probe
     from attnkit.runtime.select import select
 
-    allow_many_signatures()
+    for_measurement()
 
     c = Case(s, device)
     p = probe()

@@ -40,6 +40,7 @@ from attnkit.bench.candidates import AUTO, JIT_WARM_CALLS, PLAIN
 from attnkit.bench.run import bench_shape, environment, machine, measuring_device, resumed_rows, same_params
 from attnkit.bench.shapes import Shape, mixed_lengths, varlen
 from attnkit.errors import UsageError, first_line, out_of_memory
+from attnkit.runtime.backends.flex import DECODE_MAX_Q
 from attnkit.runtime.call import AttentionCall, normalise_mask
 from attnkit.runtime.priority import rows_order
 from attnkit.runtime.table import PLAIN as PLAIN_BACKEND
@@ -403,7 +404,12 @@ def decision_order(result: dict[str, Any], ps: str) -> list[str]:
 # -- run, resume, merge --------------------------------------------------------------------------------------------
 
 REFRESHED_BY = "flash_attn4"  # the backend whose host path changed (runtime/backends/fa4_replay.py, fa4_ops.py)
-REFRESH_KINDS = ("fwd", "train", "varlen")
+REFRESH_KINDS = ("fwd", "train", "varlen", "flex")
+# flex: each size of a signature compiled for itself from this time on (runtime/backends/flex.py `entry_point`,
+# `for_measurement`); before, every case after a signature's first in a process timed flex's dynamic graph, 1.3-1.8x
+# slower with ALiBi (docs/results/2026-12-07-h100-flex-first-size-session30.json), so those cases undervalue flex
+FLEX_STATIC_SINCE = "2026-12-07T17:00"
+REFRESH_FLEX_NEAR = 1.9  # ... a contender: its compiled-for-its-size kernel can make up that much
 # varlen: torch_varlen calls aten's varlen FlashAttention pair directly since this date (runtime/backends/
 # torch_varlen.py: its custom-op host path took 0.8 ms per packed fwd+bwd step); packed cases timed before it are stale
 TORCH_VARLEN_DIRECT_SINCE = "2026-12-05T16:00"
@@ -437,13 +443,19 @@ def refresh_cases(files: list[Path], kind: str = "fwd") -> list[Shape]:
       points where cuDNN and FA4 trade places. A case already timed on that path (a line under a header dated
       FA4_TRAIN_SINCE or later) is not timed again.
     - varlen: the packed cases torch_varlen ran, every pass they have, timed before TORCH_VARLEN_DIRECT_SINCE
-      (torch_varlen's host path changed: those packed cases' scores undervalue it)."""
+      (torch_varlen's host path changed: those packed cases' scores undervalue it).
+    - flex: the cases of one length and at least DECODE_MAX_Q queries (packed calls and decode keep the dynamic
+      kernel) timed before FLEX_STATIC_SINCE where flex was within REFRESH_FLEX_NEAR of the fastest in a pass,
+      every pass they have; score mods first (ALiBi gained most; softcap, unmeasured, likewise a score mod), then
+      windows, then masks alone, each nearest contender first."""
     if kind not in REFRESH_KINDS:
         raise ValueError(f"refresh kind {kind!r}: one of {', '.join(REFRESH_KINDS)}")
     out: dict[str, Shape] = {}
     lo, hi = REFRESH_TRAIN_WORK
     lines = [r for f in files for r in _read_lines(f)]
     current = set()  # train: cases already timed on FA4's replayed training path (FA4_TRAIN_SINCE)
+    static: dict[str, set[str]] = {}  # flex: passes already timed with flex compiled for their size
+    rank: dict[str, tuple[int, float]] = {}
     direct = set()  # varlen: cases already timed on torch_varlen's direct route (TORCH_VARLEN_DIRECT_SINCE)
     date = ""
     for r in lines:
@@ -453,6 +465,9 @@ def refresh_cases(files: list[Path], kind: str = "fwd") -> list[Shape]:
             timed = set(r.get("ms", {}).get("attnkit:torch_varlen", {}))  # a forward-only line is no fwd+bwd
             if {"fwd", "fwdbwd"} <= timed or ("fwd" in timed and not r["shape"].get("train")):
                 direct.add(r["shape"]["label"])
+        if "shape" in r and date >= FLEX_STATIC_SINCE:  # the passes that timed flex since (a forward refresh
+            static.setdefault(r["shape"]["label"], set()).update(r.get("ms", {}).get("attnkit:flex", {}))  # alone
+            # leaves a training case's fwd+bwd stale)
         if ("shape" in r and date >= FA4_TRAIN_SINCE and "fwdbwd" in r.get("cell", {})  # a forward-only
                 and not unsteady_pruned(r, "fwdbwd", date)):  # refresh is not one, nor an unsteady fwd+bwd
             current.add(r["shape"]["label"])
@@ -465,6 +480,12 @@ def refresh_cases(files: list[Path], kind: str = "fwd") -> list[Shape]:
         elif kind == "varlen":
             if not (d.get("lengths") and r.get("ms", {}).get("attnkit:torch_varlen")) or d["label"] in direct:
                 continue
+        elif kind == "flex":
+            near = min((scores(r, ps).get("flex", float("inf")) for ps in ("fwd", "fwdbwd")), default=float("inf"))
+            if (d.get("lengths") or d.get("seqlen_q", 0) < DECODE_MAX_Q or near > REFRESH_FLEX_NEAR
+                    or set(r["ms"].get("attnkit:flex", {})) <= static.get(d["label"], set())):
+                continue
+            rank[d["label"]] = (0 if d.get("alibi") or d.get("softcap") else 1 if d.get("window") else 2, near)
         else:
             fa4 = scores(r, "fwdbwd").get(REFRESHED_BY)
             plain = not (d.get("window") or d.get("lengths") or d.get("alibi") or d.get("softcap"))
@@ -475,6 +496,8 @@ def refresh_cases(files: list[Path], kind: str = "fwd") -> list[Shape]:
             if d.get(k) is not None:
                 d[k] = tuple(d[k])
         out[d["label"]] = Shape(**d)
+    if kind == "flex":
+        return sorted(out.values(), key=lambda sh: rank[sh.label])
     return list(out.values())
 
 
@@ -673,8 +696,8 @@ def compile_only(shard: tuple[int, int] = (1, 1), quick: bool = False, max_cases
     flex kernels the compile shards had not reached took 320 s of a 200 s timed budget."""
     import torch
 
-    from attnkit.runtime.backends.flex import allow_many_signatures
-    allow_many_signatures()
+    from attnkit.runtime.backends.flex import for_measurement
+    for_measurement()
     device = measuring_device("tune --compile-only")
     grid = QUICK if (quick or device == "cpu") else FEATURES
     i, n = shard

@@ -17,7 +17,7 @@ from attnkit.errors import AttnkitError, UsageError, first_line, shown
 PATH_OPTIONS = ("out", "report", "claims", "dest", "tests", "table", "png", "file", "cache_dir", "wheelhouse",
                 "rescore")
 # options taking several paths (`tune --merge A B`, `oracle --resume R1 R2`): an empty one among them, the same
-LIST_PATH_OPTIONS = ("merge", "cross_check", "refine", "refresh_fwd", "refresh_train", "refresh_varlen", "resume")
+LIST_PATH_OPTIONS = ("merge", "cross_check", "refine", "refresh_fwd", "refresh_train", "refresh_varlen", "refresh_flex", "resume")
 
 
 def build_parser() -> argparse.ArgumentParser:

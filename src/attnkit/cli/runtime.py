@@ -85,7 +85,7 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         raise UsageError("--hide-cell: only with --cross-check (it changes what the leave-one-out hides)")
     if a.match is not None:
         other = other_mode("--merge", "--cross-check", "--rescore", "--refine", "--refresh-fwd",
-                           "--refresh-train", "--refresh-varlen")
+                           "--refresh-train", "--refresh-varlen", "--refresh-flex")
         if other is not None:
             raise UsageError(f"--match: not with {other} (it picks among the plan's cases, or the held-out shapes "
                              "of --validate)")
@@ -104,7 +104,7 @@ def _cmd_tune(a: argparse.Namespace) -> int:
                              f"--compile-only --out {a.out} --resume` first)")
     if a.rescore:
         other = other_mode("--merge", "--validate", "--plan", "--compile-only", "--refine", "--resume", "--cross-check",
-                           "--refresh-fwd", "--refresh-train", "--refresh-varlen", "--table")
+                           "--refresh-fwd", "--refresh-train", "--refresh-varlen", "--refresh-flex", "--table")
         if other is not None:
             raise UsageError(f"--rescore: not with {other} (it reads a finished --validate report and runs nothing; "
                              "ATTNKIT_SELECTION_DIR chooses the table it decides from)")
@@ -197,7 +197,8 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         return 0
     given = [(f, files, k) for f, files, k in (("--refresh-fwd", a.refresh_fwd, "fwd"),
                                                 ("--refresh-train", a.refresh_train, "train"),
-                                                ("--refresh-varlen", a.refresh_varlen, "varlen")) if files]
+                                                ("--refresh-varlen", a.refresh_varlen, "varlen"),
+                                                ("--refresh-flex", a.refresh_flex, "flex")) if files]
     if len(given) > 1:
         raise UsageError(f"{given[1][0]}: not with {given[0][0]} (one kind of refresh a run)")
     flag, files, kind = given[0] if given else ("--refresh-fwd", None, "fwd")
@@ -308,6 +309,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                     "changed); --merge lets them replace the old ones")
     tu.add_argument("--refresh-varlen", nargs="+", metavar="FILE", help="time again every pass of these results' "
                     "packed cases that torch_varlen ran (its route changed); --merge lets them replace the old ones")
+    tu.add_argument("--refresh-flex", nargs="+", metavar="FILE", help="time again every pass of these results' cases "
+                    "of one length where flex was a contender, timed before each size got its own flex kernel; "
+                    "--merge lets them replace the old ones")
     tu.add_argument("--plan", action="store_true", help="print the planned cases (of --shard) and their count; with "
                     "--out FILE, those FILE has not measured yet")
     tu.add_argument("--match", metavar="REGEX", help="only the plan's cases whose label REGEX finds (re.search; "

@@ -18,9 +18,12 @@ side in docs/results/2026-12-06-h100-tune-validate-session23-alibi-softcap-with-
 
 The first call of a signature compiles (2-6 s on the H200): `attnkit warmup` pays it outside a timed step, and
 inductor's own disk cache keeps the kernels across processes. The compiled function is torch's documented
-`torch.compile(flex_attention)`, made once per call signature (`_compiled`): dynamo's automatic dynamic shapes
-turn a second sequence length into one dynamic graph rather than a compile per length (checked with torch.compile on the CPU: new
-score_mod closures of one signature add no compile; a second length adds one, then none). The block mask (which
+`torch.compile(flex_attention)` (`_compiled`), made for each of a signature's first STATIC_SIZES sizes with
+dynamic=False (`entry_point`): the kernel compiled for its lengths ran 1.3-1.8x faster with ALiBi than the dynamic
+graph that automatic dynamic shapes make of a second length (H100, 2026-12-07). Later sizes (a decode loop's growing
+cache) and packed calls share one entry per signature, which turns a second length into one dynamic graph rather
+than a compile per length (checked on the CPU: new score_mod closures of one signature add no compile; a second
+length adds one, then none). The block mask (which
 key blocks a query block visits) depends on the lengths only: it is built by the bound call's first run, once per
 signature (per cu_seqlens for varlen), so that a failure there falls back as a kernel's would.
 On CPU the call runs flex's unfused reference path (the same semantics, not fast): only when asked for by name.
@@ -71,12 +74,15 @@ GRAPH_GRAD = ("its backward is not recorded inside attnkit's torch.compile call 
 # FakeTensorUpdater cannot update this argument"), while the same graph compiled with dynamic=None passed at two
 # sizes (its second compile keeps the changed sizes dynamic); torch's own flex_attention under dynamic=True failed to
 # build its CPU kernel at those sizes too, so the CPU does not say whose failure it is
-# (tools/probe-flex-graph-dynamic.py, docs/results/2026-12-07-dev-cpu-flex-graph-dynamic-session29.json). No GPU has
-# run flex in such a graph, forward or backward, and the H200's one try (a backward) failed: flex stays out of
-# them, whichever torch.compile backend, and they go to a backend that records them (a dense mask or bias in the
-# graph) rather than to a compile error with no fallback
+# (tools/probe-flex-graph-dynamic.py, docs/results/2026-12-07-dev-cpu-flex-graph-dynamic-session29.json). On the H100
+# (torch 2.11) the forward failed too, ALiBi chunk GQA 8/2 D128, at both sizes and with every size marked static
+# ("LoweringException: TypeError: unsupported operand type(s) for &: 'floor' and 'Add'"), while dynamic=None matched
+# eager flex, and torch's own flex_attention with a causal mask alone under dynamic=True ran
+# (docs/results/2026-12-07-h100-flex-graph-dynamic-session30.json; 1 of the probe's 4 cases). The H200's one try (a
+# backward) failed: flex stays out of such graphs, whichever torch.compile backend, and they go to a backend that
+# records them (a dense mask or bias in the graph) rather than to a compile error with no fallback
 GRAPH_DYNAMIC = ("not recorded inside attnkit's torch.compile call compiled with dynamic=True (flex's forward failed "
-                 "in inductor there on the CPU, torch 2.13; no GPU has run it); dynamic=None keeps it")
+                 "in inductor there, H100 and CPU); dynamic=None keeps it")
 GRAPH_GRAD_VARLEN = ("its backward for packed varlen (a document mask) fails in inductor's lowering under "
                      "torch.compile on this torch ('NotImplementedError: SliceView', H100, torch 2.11)")
 
@@ -104,12 +110,13 @@ def _entry(q: Any, k: Any, v: Any, block_mask: Any, kw: dict[str, Any]) -> Any:
 
 
 @functools.cache
-def _compiled(signature: tuple[Any, ...]) -> Any:
+def _compiled(signature: tuple[Any, ...], static: bool = False) -> Any:
     """torch.compile of flex_attention, one entry point (its own code object) per call signature. dynamo keeps
     at most `recompile_limit` (8) graphs per code object; past that it runs the function uncompiled, and flex's
     uncompiled path failed every score_mod call on the H200 ("RuntimeError when making fake tensor call": the
-    smoke's ALiBi and softcap rows, after a dozen other flex signatures in one process). Sizes do not multiply
-    entries: dynamo's automatic dynamic shapes make a second sequence length a dynamic graph."""
+    smoke's ALiBi and softcap rows, after a dozen other flex signatures in one process). `static`: compiled for
+    one size (dynamic=False; `entry_point` puts the size into the signature); else dynamo's automatic dynamic
+    shapes make a second size a dynamic graph, so sizes do not multiply graphs."""
     import types
 
     import torch
@@ -117,10 +124,33 @@ def _compiled(signature: tuple[Any, ...]) -> Any:
     code = _entry.__code__.replace(co_name=f"flex_attention_{len(_SIGNATURES)}")
     _SIGNATURES.append(signature)
     scope = {**_entry.__globals__, "_flex_attention": _flex()[0]}
-    return torch.compile(types.FunctionType(code, scope, code.co_name))
+    return torch.compile(types.FunctionType(code, scope, code.co_name), dynamic=False if static else None)
 
 
 _SIGNATURES: list[tuple[Any, ...]] = []  # the compiled entry points' signatures, in the order they were made
+
+# Sizes of one signature compiled each for itself. flex's kernel in a dynamic graph (a second size through one
+# entry point) ran 1.29-1.84x the time of the same call compiled for its size with ALiBi, and 1.07x with a causal
+# mask alone (H100, 2026-12-07: docs/results/2026-12-07-h100-flex-first-size-session30.json). So the first
+# STATIC_SIZES sizes of a signature get an entry point each; later ones share one that dynamo makes dynamic, so a
+# loop over ever new sizes (training with padding to each batch's longest) compiles at most STATIC_SIZES + 2 times,
+# not once a size. Queries shorter than DECODE_MAX_Q (decode, speculative: a growing cache makes every step a new
+# size, and nothing measured the static kernel there) take the shared entry from the start.
+STATIC_SIZES = 4
+_STATIC = {"sizes": STATIC_SIZES}
+_SIZES: dict[tuple[Any, ...], set[tuple[Any, ...]]] = {}
+
+
+def entry_point(signature: tuple[Any, ...], sizes: tuple[Any, ...] | None) -> Any:
+    """The compiled flex for a call of `signature` with these sizes (and the values its mods close over, which a
+    static graph fixes too). None, and every size past a signature's first STATIC_SIZES: the shared entry point,
+    dynamic from its second size on."""
+    if sizes is not None:
+        seen = _SIZES.setdefault(signature, set())
+        if sizes in seen or len(seen) < _STATIC["sizes"]:
+            seen.add(sizes)
+            return _compiled((*signature, sizes), static=True)
+    return _compiled(signature)
 
 
 def allow_many_signatures(limit: int = 1024) -> None:
@@ -132,6 +162,14 @@ def allow_many_signatures(limit: int = 1024) -> None:
 
     cfg.recompile_limit = max(cfg.recompile_limit, limit)
     cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 8 * limit)
+
+
+def for_measurement(limit: int = 1024) -> None:
+    """allow_many_signatures, and every size of a signature compiled for itself: the bench and the sweep time many
+    sizes of one signature in one process, each as the model that runs it would, which has a handful of sizes and
+    so the static kernel, not the dynamic one (1.3-1.8x slower with ALiBi)."""
+    allow_many_signatures(limit)
+    _STATIC["sizes"] = max(_STATIC["sizes"], limit)
 
 
 def _torch_version(probe: Any) -> Version:
@@ -258,9 +296,11 @@ class Flex(Backend):
         if options:
             kw["kernel_options"] = options
         if eager_cuda:  # what dynamo specialises a graph on, sizes aside
-            compiled = _compiled((self.name, call.dtype, call.requires_grad, call.gqa, call.varlen, call.causal,
-                                  call.window is not None, call.alibi, bool(call.softcap), call.head_dim,
-                                  tuple(sorted(options))))
+            compiled = entry_point((self.name, call.dtype, call.requires_grad, call.gqa, call.varlen, call.causal,
+                                    call.window is not None, call.alibi, bool(call.softcap), call.head_dim,
+                                    tuple(sorted(options))),
+                                   None if call.varlen or q_len < DECODE_MAX_Q else
+                                   (tuple(q.shape), tuple(k.shape), tuple(v.shape), call.window, p.scale, p.softcap))
 
             def fn(q: Any, k: Any, v: Any, block_mask: Any, **kw: Any) -> Any:
                 return compiled(q, k, v, block_mask, kw)
