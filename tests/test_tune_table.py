@@ -1799,6 +1799,12 @@ def test_a_flex_refresh_times_again_the_one_length_cases_where_flex_was_a_conten
     r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", "--refresh-flex", str(f), "--refresh-varlen",
                         str(f), "--out", str(tmp_path / "o.jsonl")], capture_output=True, text=True)
     assert r.returncode == 2 and "--refresh-flex: not with --refresh-varlen" in r.stderr
+    for mode in (["--merge", str(f), "--table", str(tmp_path / "t.json")], ["--validate"], ["--plan"],
+                 ["--cross-check", str(f)]):
+        r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", "--refresh-flex", str(f), *mode],
+                           capture_output=True, text=True)
+        assert r.returncode == 2 and f"--refresh-flex: not with {mode[0]}" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "t.json").exists()
 
 
 def test_cross_check_with_the_cell_hidden_lets_only_the_neighbours_decide(tmp_path):

@@ -123,6 +123,12 @@ def _cmd_tune(a: argparse.Namespace) -> int:
             write_atomic(Path(a.out), json.dumps(rep, indent=1) + "\n")
             print(f"wrote {a.out}")
         return 0
+    refresh_flag = other_mode("--refresh-fwd", "--refresh-train", "--refresh-varlen", "--refresh-flex")
+    if refresh_flag is not None:  # those modes return before the refresh is read: said instead of ignored
+        other = other_mode("--merge", "--cross-check", "--validate", "--plan")
+        if other is not None:
+            raise UsageError(f"{refresh_flag}: not with {other} (a refresh times recorded cases again: a run of its "
+                             "own, with --out)")
     if a.cross_check:
         other = other_mode("--merge", "--validate", "--plan", "--compile-only", "--refine", "--resume")
         if other is not None:
