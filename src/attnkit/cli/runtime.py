@@ -81,11 +81,12 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         """The first of these tune modes given on the command line."""
         return next((f for f in flags if getattr(a, f[2:].replace("-", "_"))), None)
 
+    refresh_flags = tuple(f"--refresh-{k}" for k in tune.REFRESH_KINDS)  # one flag a kind: --refresh-fwd ...
+
     if a.hide_cell and not a.cross_check:
         raise UsageError("--hide-cell: only with --cross-check (it changes what the leave-one-out hides)")
     if a.match is not None:
-        other = other_mode("--merge", "--cross-check", "--rescore", "--refine", "--refresh-fwd",
-                           "--refresh-train", "--refresh-varlen", "--refresh-flex")
+        other = other_mode("--merge", "--cross-check", "--rescore", "--refine", *refresh_flags)
         if other is not None:
             raise UsageError(f"--match: not with {other} (it picks among the plan's cases, or the held-out shapes "
                              "of --validate)")
@@ -104,7 +105,7 @@ def _cmd_tune(a: argparse.Namespace) -> int:
                              f"--compile-only --out {a.out} --resume` first)")
     if a.rescore:
         other = other_mode("--merge", "--validate", "--plan", "--compile-only", "--refine", "--resume", "--cross-check",
-                           "--refresh-fwd", "--refresh-train", "--refresh-varlen", "--refresh-flex", "--table")
+                           *refresh_flags, "--table")
         if other is not None:
             raise UsageError(f"--rescore: not with {other} (it reads a finished --validate report and runs nothing; "
                              "ATTNKIT_SELECTION_DIR chooses the table it decides from)")
@@ -123,7 +124,7 @@ def _cmd_tune(a: argparse.Namespace) -> int:
             write_atomic(Path(a.out), json.dumps(rep, indent=1) + "\n")
             print(f"wrote {a.out}")
         return 0
-    refresh_flag = other_mode("--refresh-fwd", "--refresh-train", "--refresh-varlen", "--refresh-flex")
+    refresh_flag = other_mode(*refresh_flags)
     if refresh_flag is not None:  # those modes return before the refresh is read: said instead of ignored
         other = other_mode("--merge", "--cross-check", "--validate", "--plan")
         if other is not None:
@@ -201,10 +202,7 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         print(f"{len(left)} cases" + (f" ({len(mine) - len(left)} more measured in {a.out})" if a.out else ""),
               file=sys.stderr)
         return 0
-    given = [(f, files, k) for f, files, k in (("--refresh-fwd", a.refresh_fwd, "fwd"),
-                                                ("--refresh-train", a.refresh_train, "train"),
-                                                ("--refresh-varlen", a.refresh_varlen, "varlen"),
-                                                ("--refresh-flex", a.refresh_flex, "flex")) if files]
+    given = [(f"--refresh-{k}", files, k) for k in tune.REFRESH_KINDS if (files := getattr(a, f"refresh_{k}"))]
     if len(given) > 1:
         raise UsageError(f"{given[1][0]}: not with {given[0][0]} (one kind of refresh a run)")
     flag, files, kind = given[0] if given else ("--refresh-fwd", None, "fwd")

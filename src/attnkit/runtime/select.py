@@ -57,12 +57,13 @@ def graph_alibi_order(order: tuple[str, ...], decision: Decision,
     `attnkit tune --cross-check` does not score it: the sweep times eager calls only."""
     if not (call.trace == "compile" and call.alibi and call.device == "cuda" and call.dtype in ("float16", "bfloat16")):
         return order, decision
-    dense = [i for i, n in enumerate(order) if n in REGISTRY and REGISTRY[n].first_limits().alibi_bias]
+    lim = {n: REGISTRY[n].first_limits() for n in order if n in REGISTRY}
+    dense = [i for i, n in enumerate(order) if n in lim and lim[n].alibi_bias]
     if not dense:
         return order, decision
     trusted = set(decision.point) if decision.source == "table" else set(order)
-    slopes = list(dict.fromkeys(n for n in order[dense[0]:] if n in REGISTRY and n in trusted
-                                and REGISTRY[n].first_limits().alibi and not REGISTRY[n].first_limits().alibi_bias))
+    slopes = list(dict.fromkeys(n for n in order[dense[0]:] if n in lim and n in trusted
+                                and lim[n].alibi and not lim[n].alibi_bias))
     if not slopes:
         return order, decision
     head = order[:dense[0]]
