@@ -1796,6 +1796,13 @@ def test_a_flex_refresh_times_again_the_one_length_cases_where_flex_was_a_conten
     f.write_text("".join(json.dumps(x) + "\n" for x in lines))
     assert [s.label for s in tune.refresh_cases([f], "flex")] == ["softcap", "train, forward since", "alibi",
                                                                    "window", "mask nearer", "mask near"]
+    # --match narrows a refresh to the cases asked for, in refresh order; one that finds none is one line, no --out
+    assert [s.label for s in tune.refreshed([f], "flex", "^(window|alibi)$")] == ["alibi", "window"]
+    assert [s.label for s in tune.refreshed([f], "flex", None)] == [s.label for s in tune.refresh_cases([f], "flex")]
+    r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", "--refresh-flex", str(f), "--match", "^far$",
+                        "--out", str(tmp_path / "o.jsonl")], capture_output=True, text=True)
+    assert r.returncode == 2 and "--match: '^far$' finds none of the 6 cases --refresh-flex picks" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "o.jsonl").exists()
     r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", "--refresh-flex", str(f), "--refresh-varlen",
                         str(f), "--out", str(tmp_path / "o.jsonl")], capture_output=True, text=True)
     assert r.returncode == 2 and "--refresh-flex: not with --refresh-varlen" in r.stderr

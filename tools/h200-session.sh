@@ -50,7 +50,8 @@
 #               REFRESH_KIND=flex: the cases of one length where flex was a contender, timed before each size got
 #               its own flex kernel, every pass; REFRESH_KIND="train varlen": both, one after the other, each with
 #               the budgets below)
-#               (compile REFRESH_COMPILE s, timed REFRESH_BUDGET s) and merged over TUNE_FROM into
+#               (compile REFRESH_COMPILE s, timed REFRESH_BUDGET s; REFRESH_MATCH=REGEX those of its cases whose
+#               label it finds) and merged over TUNE_FROM into
 #               $R/selection/sm90.json;
 #             sdpahost: attnkit's host time on torch's kernels in training against the plain call
 #               (tools/probe-sdpa-train-host.py, SDPAHOST_S s);
@@ -203,7 +204,10 @@ refresh() {
   # kinds share is done for one once it has that kind's passes: one file would let the first hide the second's),
   # joined in REFRESH_KIND's order into refresh.jsonl (later lines' passes replace earlier ones: tune.latest_passes)
   # REFRESH_FROM=<tune lines in the tree>: only those cases (copied by `start`), merged over TUNE_FROM
-  local from=$R/tune.jsonl kind flag i pids
+  # REFRESH_MATCH=REGEX: only the refresh's cases whose label it finds (`tune --match`), in refresh order: for a
+  # budget that cannot take them all (2026-12-07: 98 flex cases, 520 s of device time left after refused starts)
+  local from=$R/tune.jsonl kind flag i pids match=()
+  [ -n "${REFRESH_MATCH:-}" ] && match=(--match "$REFRESH_MATCH")
   [ -n "${REFRESH_FROM:-}" ] && from=$R/refresh-from.jsonl
   if [ ! -s "$R/tune.jsonl" ]; then phase "skipped: refresh (no TUNE_FROM)"; return; fi
   on "$REFRESH_BUDGET" "refresh" && on "$REFRESH_COMPILE" "refresh (compile)" || return 0
@@ -216,7 +220,7 @@ refresh() {
     compiled_before=$(cat "$R/refresh-$kind.jsonl.compiled" 2>/dev/null | wc -l)
     pids=()
     for i in $(seq 1 "$SHARDS"); do
-      TORCHINDUCTOR_COMPILE_THREADS=1 timeout -k 15 "$REFRESH_COMPILE" $ak tune --compile-only "$flag" "$from" \
+      TORCHINDUCTOR_COMPILE_THREADS=1 timeout -k 15 "$REFRESH_COMPILE" $ak tune --compile-only "$flag" "$from" ${match[@]+"${match[@]}"} \
         --shard "$i/$SHARDS" --out "$R/refresh-$kind.jsonl" --resume > "$R/refresh/compile-$kind-$i.log" 2>&1 < /dev/null &
       pids+=($!)
     done
@@ -226,7 +230,7 @@ refresh() {
       continue
     fi
     phase "refresh $kind timed"
-    $ak tune "$flag" "$from" --out "$R/refresh-$kind.jsonl" --resume --budget "$REFRESH_BUDGET" --only-compiled \
+    $ak tune "$flag" "$from" ${match[@]+"${match[@]}"} --out "$R/refresh-$kind.jsonl" --resume --budget "$REFRESH_BUDGET" --only-compiled \
       > "$R/refresh/tune-$kind.log" 2>&1
     phase "refresh $kind rc=$? ($(grep -c '"shape"' "$R/refresh-$kind.jsonl" 2>/dev/null) cases)"
     [ -s "$R/refresh-$kind.jsonl" ] && done_kinds+=("$R/refresh-$kind.jsonl")
@@ -330,13 +334,13 @@ tune() {
   pids=()
   for i in $(seq 1 "$SHARDS"); do
     TORCHINDUCTOR_COMPILE_THREADS=1 timeout -k 15 "$TUNE_COMPILE" $ak tune --compile-only --shard "$i/$SHARDS" \
-      --out "$R/tune.jsonl" --resume "${match[@]}" > "$R/tune/compile-$i.log" 2>&1 < /dev/null &   # skips what TUNE_FROM has
+      --out "$R/tune.jsonl" --resume ${match[@]+"${match[@]}"} > "$R/tune/compile-$i.log" 2>&1 < /dev/null &   # skips what TUNE_FROM has
     pids+=($!)
   done
   wait "${pids[@]}"
   phase "tune timed"
   # ONLY_COMPILED=1: the timed run measures what the compile phase finished (no JIT compile in its budget)
-  $ak tune --out "$R/tune.jsonl" --resume "${match[@]}" --budget "$TUNE_BUDGET" $([ "${ONLY_COMPILED:-1}" = 1 ] && echo --only-compiled) \
+  $ak tune --out "$R/tune.jsonl" --resume ${match[@]+"${match[@]}"} --budget "$TUNE_BUDGET" $([ "${ONLY_COMPILED:-1}" = 1 ] && echo --only-compiled) \
     > "$R/tune/tune.log" 2>&1
   phase "tune rc=$? ($(grep -c '"shape"' "$R/tune.jsonl" 2>/dev/null) cases)"
   fi

@@ -320,6 +320,18 @@ def planned(grid: dict[str, tuple[Any, ...]], match: str | None) -> list[Shape]:
     return cases
 
 
+def refreshed(files: list[Path], kind: str, match: str | None) -> list[Shape]:
+    """The cases `--refresh-KIND` times again, narrowed by --match: a refresh that a session's budget cannot finish
+    (2026-12-07: 98 flex cases, and 520 s of device time left after ten refused starts) takes the cells asked for
+    first, in refresh order. A --match that finds none of them is refused, as for the plan."""
+    cases = _parsed(f"--refresh-{kind}", files, lambda: refresh_cases(files, kind))
+    found = matching(cases, match)
+    if match is not None and not found:
+        raise UsageError(f"--match: {match!r} finds none of the {len(cases)} cases --refresh-{kind} picks from "
+                         f"{', '.join(map(str, files))[:200]}")
+    return found
+
+
 def refine(results: list[dict[str, Any]], grid: dict[str, tuple[Any, ...]] | None = None) -> list[Shape]:
     """Midpoints where a cell's winner changes between two measured points of one head dim (in log2 work)."""
     by_cell: dict[tuple[Any, ...], list[tuple[float, str, dict[str, Any]]]] = {}
@@ -558,7 +570,8 @@ def run(out: Path, shard: tuple[int, int] = (1, 1), budget_s: float = 1500.0, qu
         only_compiled: bool = False, refresh: list[Path] | None = None, refresh_kind: str = "fwd",
         match: str | None = None) -> dict[str, Any]:
     """Measure this shard's cases not yet in `out` (JSON lines: a header line, then one line per case).
-    `refresh`: instead of the plan, those files' cases that `refresh_cases` picks for `refresh_kind`.
+    `refresh`: instead of the plan, those files' cases that `refresh_cases` picks for `refresh_kind` (and `match`
+    finds, when given).
     `only_compiled`: just the cases the compile phase finished (compiled_path), so no JIT compile lands in the
     timed budget; the rest wait for a later session's compile phase (--resume). `match`: the plan's cases whose
     label it finds (`matching`)."""
@@ -566,7 +579,7 @@ def run(out: Path, shard: tuple[int, int] = (1, 1), budget_s: float = 1500.0, qu
     device = measuring_device("tune")
     grid = QUICK if (quick or device == "cpu") else FEATURES
     if refresh:
-        cases = _parsed(f"--refresh-{refresh_kind}", refresh, lambda: refresh_cases(refresh, refresh_kind))
+        cases = refreshed(refresh, refresh_kind, match)
     elif refine_from:
         prior = [r for f in refine_from for r in _read_lines(f) if "shape" in r]
         cases = _parsed("--refine", refine_from, lambda: refine(prior, grid))
@@ -707,8 +720,7 @@ def compile_only(shard: tuple[int, int] = (1, 1), quick: bool = False, max_cases
     # the cases asked for come first (2026-12-06: a 200 s phase spent on the 14 held-out shapes left 14 of the 58
     # matched cases uncompiled, so the timed run skipped them)
     held_out = [] if refresh else validation_shapes(grid is QUICK)
-    todo = (_parsed(f"--refresh-{refresh_kind}", refresh, lambda: refresh_cases(refresh, refresh_kind)) if refresh
-            else planned(grid, match))
+    todo = refreshed(refresh, refresh_kind, match) if refresh else planned(grid, match)
     todo = [s for s in todo if s.label not in done]
     cases = ([*todo, *held_out] if match else [*held_out, *todo])[i - 1::n][:max_cases]
     failed, left = 0, 0

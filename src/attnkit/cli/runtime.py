@@ -86,10 +86,10 @@ def _cmd_tune(a: argparse.Namespace) -> int:
     if a.hide_cell and not a.cross_check:
         raise UsageError("--hide-cell: only with --cross-check (it changes what the leave-one-out hides)")
     if a.match is not None:
-        other = other_mode("--merge", "--cross-check", "--rescore", "--refine", *refresh_flags)
+        other = other_mode("--merge", "--cross-check", "--rescore", "--refine")
         if other is not None:
-            raise UsageError(f"--match: not with {other} (it picks among the plan's cases, or the held-out shapes "
-                             "of --validate)")
+            raise UsageError(f"--match: not with {other} (it picks among the plan's cases, a refresh's cases, or "
+                             "the held-out shapes of --validate)")
         try:
             re.compile(a.match)
         except (re.error, OverflowError, RecursionError) as exc:
@@ -319,8 +319,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     tu.add_argument("--plan", action="store_true", help="print the planned cases (of --shard) and their count; with "
                     "--out FILE, those FILE has not measured yet")
     tu.add_argument("--match", metavar="REGEX", help="only the plan's cases whose label REGEX finds (re.search; "
-                    "e.g. '\\|short\\|' for the short packed cells; see --plan), or with --validate only those "
-                    "held-out shapes")
+                    "e.g. '\\|short\\|' for the short packed cells; see --plan), with a --refresh-KIND only those of "
+                    "its cases, or with --validate only those held-out shapes")
     tu.add_argument("--compile-only", action="store_true", help="run each case once, untimed, so JIT kernels are "
                                                                "compiled into their disk caches (shards side by side)")
     tu.add_argument("--only-compiled", action="store_true", help="time only the cases --compile-only finished for "
