@@ -1803,10 +1803,20 @@ def test_a_flex_refresh_times_again_the_one_length_cases_where_flex_was_a_conten
                         "--out", str(tmp_path / "o.jsonl")], capture_output=True, text=True)
     assert r.returncode == 2 and "--match: '^far$' finds none of the 6 cases --refresh-flex picks" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "o.jsonl").exists()
+    none = tmp_path / "none.jsonl"  # a refresh that picks no case runs none, with a --match as without: not refused
+    none.write_text("".join(json.dumps(x) + "\n" for x in [*lines[:1], case("far", 2.5, alibi=True)]))
+    assert tune.refreshed([none], "flex", "^far$") == tune.refreshed([none], "flex", None) == []
     r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", "--refresh-flex", str(f), "--refresh-varlen",
                         str(f), "--out", str(tmp_path / "o.jsonl")], capture_output=True, text=True)
     assert r.returncode == 2 and "--refresh-flex: not with --refresh-varlen" in r.stderr
-    for mode in (["--merge", str(f), "--table", str(tmp_path / "t.json")], ["--validate"], ["--plan"],
+    # --plan lists the cases a refresh would time, in its order, --match and --out (what it has timed) applied
+    done = tmp_path / "done.jsonl"
+    done.write_text("".join(json.dumps(x) + "\n" for x in [lines[0], case("alibi", 1.0, alibi=True)]))
+    r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", "--plan", "--refresh-flex", str(f), "--match",
+                        "^(window|alibi|softcap)$", "--out", str(done)], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.split("\n")[:-1] == ["softcap", "window"], r.stderr
+    assert r.stderr.strip() == "2 cases (1 more measured in " + str(done) + ")"
+    for mode in (["--merge", str(f), "--table", str(tmp_path / "t.json")], ["--validate"],
                  ["--cross-check", str(f)]):
         r = subprocess.run([sys.executable, "-m", "attnkit.cli", "tune", "--refresh-flex", str(f), *mode],
                            capture_output=True, text=True)

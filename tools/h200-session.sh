@@ -204,10 +204,11 @@ refresh() {
   # kinds share is done for one once it has that kind's passes: one file would let the first hide the second's),
   # joined in REFRESH_KIND's order into refresh.jsonl (later lines' passes replace earlier ones: tune.latest_passes)
   # REFRESH_FROM=<tune lines in the tree>: only those cases (copied by `start`), merged over TUNE_FROM
-  # REFRESH_MATCH=REGEX: only the refresh's cases whose label it finds (`tune --match`), in refresh order: for a
-  # budget that cannot take them all (2026-12-07: 98 flex cases, 520 s of device time left after refused starts)
-  local from=$R/tune.jsonl kind flag i pids match=()
-  [ -n "${REFRESH_MATCH:-}" ] && match=(--match "$REFRESH_MATCH")
+  # REFRESH_MATCH=REGEX: only the refresh's cases whose label it finds (`tune --match`), in refresh order, for each
+  # kind in REFRESH_KIND: for a budget that cannot take them all (2026-12-07: 98 flex cases, 614 s of device time
+  # left after ten refused starts)
+  local from=$R/tune.jsonl kind flag i pids refused match=()
+  [ -n "${REFRESH_MATCH:-}" ] && match=("--match=$REFRESH_MATCH")   # one argument: a regex may begin with "-"
   [ -n "${REFRESH_FROM:-}" ] && from=$R/refresh-from.jsonl
   if [ ! -s "$R/tune.jsonl" ]; then phase "skipped: refresh (no TUNE_FROM)"; return; fi
   on "$REFRESH_BUDGET" "refresh" && on "$REFRESH_COMPILE" "refresh (compile)" || return 0
@@ -226,7 +227,8 @@ refresh() {
     done
     wait "${pids[@]}"
     if [ "$(cat "$R/refresh-$kind.jsonl.compiled" 2>/dev/null | wc -l)" -le "$compiled_before" ]; then   # 2026-12-05: 60 s on 16 shards finished no packed case
-      phase "refresh $kind: its compile phase finished no case in $REFRESH_COMPILE s, nothing to time (raise REFRESH_COMPILE)"
+      refused=$(grep -h -- "--match:" "$R"/refresh/compile-"$kind"-*.log 2>/dev/null | head -1)   # REFRESH_MATCH found none
+      phase "refresh $kind: its compile phase finished no case in $REFRESH_COMPILE s, nothing to time (${refused:-raise REFRESH_COMPILE})"
       continue
     fi
     phase "refresh $kind timed"
@@ -327,7 +329,7 @@ json.dump([dispatch_overhead('cuda') for _ in range(3)], open(sys.argv[1], 'w'),
 
 tune() {
   local i match=()
-  [ -n "${TUNE_MATCH:-}" ] && match=(--match "$TUNE_MATCH")   # the plan's cases whose label it finds, e.g. '\|-\|short\|'
+  [ -n "${TUNE_MATCH:-}" ] && match=("--match=$TUNE_MATCH")   # the plan's cases whose label it finds, e.g. '\|-\|short\|'
   if on "$TUNE_BUDGET" tune && on "$TUNE_COMPILE" "tune (its compile phase)"; then
   phase "tune compile"
   mkdir -p "$R/tune"
@@ -354,8 +356,8 @@ tune() {
   if [ ! -s "$R/selection/sm90.json" ]; then phase "skipped: validate (no table: no sweep ran and no TUNE_FROM)"
   elif on "$VALIDATE_S" validate; then
   local vmatch=()   # VALIDATE_MATCH=REGEX: only the held-out shapes whose label it finds (tune --validate --match)
-  [ -n "${VALIDATE_MATCH:-}" ] && vmatch=(--match "$VALIDATE_MATCH")
-  ATTNKIT_SELECTION_DIR=$R/selection timeout -k 15 "$VALIDATE_S" $ak tune --validate --resume "${vmatch[@]}" --out "$R/validate.json" > "$R/validate.log" 2>&1
+  [ -n "${VALIDATE_MATCH:-}" ] && vmatch=("--match=$VALIDATE_MATCH")
+  ATTNKIT_SELECTION_DIR=$R/selection timeout -k 15 "$VALIDATE_S" $ak tune --validate --resume ${vmatch[@]+"${vmatch[@]}"} --out "$R/validate.json" > "$R/validate.log" 2>&1
   phase "validate rc=$?"
   fi
 }

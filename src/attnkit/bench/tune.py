@@ -322,11 +322,12 @@ def planned(grid: dict[str, tuple[Any, ...]], match: str | None) -> list[Shape]:
 
 def refreshed(files: list[Path], kind: str, match: str | None) -> list[Shape]:
     """The cases `--refresh-KIND` times again, narrowed by --match: a refresh that a session's budget cannot finish
-    (2026-12-07: 98 flex cases, and 520 s of device time left after ten refused starts) takes the cells asked for
-    first, in refresh order. A --match that finds none of them is refused, as for the plan."""
+    (2026-12-07: 98 flex cases, and 614 s of device time left after ten refused starts) takes the cells asked for
+    first, in refresh order. A --match that finds none of them is refused, as for the plan (a refresh that picks
+    no case runs none, with or without one)."""
     cases = _parsed(f"--refresh-{kind}", files, lambda: refresh_cases(files, kind))
     found = matching(cases, match)
-    if match is not None and not found:
+    if match is not None and cases and not found:
         raise UsageError(f"--match: {match!r} finds none of the {len(cases)} cases --refresh-{kind} picks from "
                          f"{', '.join(map(str, files))[:200]}")
     return found

@@ -74,6 +74,21 @@ def _cmd_oracle(a: argparse.Namespace) -> int:
                       claims=a.claims, resume=a.resume)
 
 
+def _refresh_arg(a: argparse.Namespace) -> tuple[str, list[Path] | None, str]:
+    """(flag, files, kind) of the one --refresh-KIND given, else ("--refresh-fwd", None, "fwd"); two kinds, or a
+    file that is not there, is one line."""
+    from attnkit.bench import tune
+
+    given = [(f"--refresh-{k}", files, k) for k in tune.REFRESH_KINDS if (files := getattr(a, f"refresh_{k}"))]
+    if len(given) > 1:
+        raise UsageError(f"{given[1][0]}: not with {given[0][0]} (one kind of refresh a run)")
+    flag, files, kind = given[0] if given else ("--refresh-fwd", None, "fwd")
+    missing = next((f for f in files or () if not Path(f).is_file()), None)
+    if missing is not None:
+        raise UsageError(f"{flag}: {missing}: no such file (give earlier `attnkit tune --out` files)")
+    return flag, [Path(f) for f in files] if files else None, kind
+
+
 def _cmd_tune(a: argparse.Namespace) -> int:
     from attnkit.bench import tune
 
@@ -99,7 +114,8 @@ def _cmd_tune(a: argparse.Namespace) -> int:
                            "--rescore")
         if other is not None:
             raise UsageError(f"--only-compiled: not with {other} (it picks the timed run's cases from what "
-                             "--compile-only compiled for the same --out, and that compiles the plan's cases only)")
+                             "--compile-only compiled for the same --out, and that compiles the plan's or a "
+                             "refresh's cases only)")
         if a.out and not tune.compiled_path(Path(a.out)).is_file():
             raise UsageError(f"--only-compiled: no {tune.compiled_path(Path(a.out))} (run `attnkit tune "
                              f"--compile-only --out {a.out} --resume` first)")
@@ -126,10 +142,10 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         return 0
     refresh_flag = other_mode(*refresh_flags)
     if refresh_flag is not None:  # those modes return before the refresh is read: said instead of ignored
-        other = other_mode("--merge", "--cross-check", "--validate", "--plan")
+        other = other_mode("--merge", "--cross-check", "--validate")
         if other is not None:
             raise UsageError(f"{refresh_flag}: not with {other} (a refresh times recorded cases again: a run of its "
-                             "own, with --out)")
+                             "own, with --out, or listed by --plan)")
     if a.cross_check:
         other = other_mode("--merge", "--validate", "--plan", "--compile-only", "--refine", "--resume")
         if other is not None:
@@ -186,8 +202,12 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         print(json.dumps(rep["summary"], indent=1))
         return 0
     if a.plan:
-        cases = tune.matching(tune.plan(tune.QUICK if a.quick else tune.FEATURES), a.match)
-        if a.match is not None and not cases:
+        _, refresh, kind = _refresh_arg(a)
+        if refresh:  # the cases that refresh would time (in its order), --match and --out applied as below
+            cases = tune.refreshed(refresh, kind, a.match)
+        else:
+            cases = tune.matching(tune.plan(tune.QUICK if a.quick else tune.FEATURES), a.match)
+        if a.match is not None and not cases and not refresh:
             raise UsageError(f"--match: {a.match!r} finds no planned case (labels look like "
                              "'bfloat16|True|gqa4|equal|-|short|D64|w27|train')")
         mine = cases[a.shard[0] - 1::a.shard[1]] if a.shard else cases
@@ -202,16 +222,9 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         print(f"{len(left)} cases" + (f" ({len(mine) - len(left)} more measured in {a.out})" if a.out else ""),
               file=sys.stderr)
         return 0
-    given = [(f"--refresh-{k}", files, k) for k in tune.REFRESH_KINDS if (files := getattr(a, f"refresh_{k}"))]
-    if len(given) > 1:
-        raise UsageError(f"{given[1][0]}: not with {given[0][0]} (one kind of refresh a run)")
-    flag, files, kind = given[0] if given else ("--refresh-fwd", None, "fwd")
-    missing = next((f for f in files or () if not Path(f).is_file()), None)
-    if missing is not None:
-        raise UsageError(f"{flag}: {missing}: no such file (give earlier `attnkit tune --out` files)")
-    if files and a.refine:
+    flag, refresh, kind = _refresh_arg(a)
+    if refresh and a.refine:
         raise UsageError(f"{flag}: not with --refine (it times the given files' cases again, not new ones)")
-    refresh = [Path(f) for f in files] if files else None
     if a.compile_only:
         skip = Path(a.out) if a.out and a.resume else None  # --out --resume: the cases the timed run still has
         print(json.dumps(tune.compile_only(shard=a.shard or (1, 1), quick=a.quick, max_cases=a.max_cases,
@@ -317,7 +330,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                     "of one length where flex was a contender, timed before each size got its own flex kernel; "
                     "--merge lets them replace the old ones")
     tu.add_argument("--plan", action="store_true", help="print the planned cases (of --shard) and their count; with "
-                    "--out FILE, those FILE has not measured yet")
+                    "--out FILE, those FILE has not measured yet; with a --refresh-KIND, the cases it would time")
     tu.add_argument("--match", metavar="REGEX", help="only the plan's cases whose label REGEX finds (re.search; "
                     "e.g. '\\|short\\|' for the short packed cells; see --plan), with a --refresh-KIND only those of "
                     "its cases, or with --validate only those held-out shapes")
