@@ -83,6 +83,8 @@ case ${1:-wait} in split|aside|back) ;; *) mkdir -p "$OUT" "$R" ;; esac   # thes
 ORACLE_OWN=${ORACLE_OWN:-360}; ORACLE_FORCED=${ORACLE_FORCED:-300}; TUNE_COMPILE=${TUNE_COMPILE:-200}
 TUNE_BUDGET=${TUNE_BUDGET:-300}; VALIDATE_S=${VALIDATE_S:-240}; HF_S=${HF_S:-300}; COMPILED_S=${COMPILED_S:-240}; REPLAY_S=${REPLAY_S:-240}; TRAIN_S=${TRAIN_S:-240}; REFRESH_COMPILE=${REFRESH_COMPILE:-150}; REFRESH_BUDGET=${REFRESH_BUDGET:-280}; VARLEN_S=${VARLEN_S:-120}; SDPAHOST_S=${SDPAHOST_S:-150}; SMOKE_S=${SMOKE_S:-900}; GUARDPROF_S=${GUARDPROF_S:-150}; DISPATCH_S=${DISPATCH_S:-60}; REBENCH_S=${REBENCH_S:-300}; COMPSTACK_S=${COMPSTACK_S:-240}; FLEXGRAD_S=${FLEXGRAD_S:-240}; ALIBIGRAPH_S=${ALIBIGRAPH_S:-300}; FLEXDYN_S=${FLEXDYN_S:-200}; FLEXSIZE_S=${FLEXSIZE_S:-200}; BENCH_S=${BENCH_S:-600}; SHARDS=${SHARDS:-}
 step=${1:-wait}
+# the phases `job` runs, each a function below (one list: ORDER is checked against it)
+PHASES="checks hf compiled tune replay refresh train varlen sdpahost guardprof dispatch compstack flexgrad alibigraph flexdyn flexsize bench rebench"
 
 phase() { echo "$(date +%T) $*" | tee -a "$R/phases.log"; }
 on() {   # a phase with budget 0 is left out; a budget that is not whole seconds is said so, and left out too
@@ -213,9 +215,10 @@ refresh() {
   if [ ! -s "$R/tune.jsonl" ]; then phase "skipped: refresh (no TUNE_FROM)"; return; fi
   on "$REFRESH_BUDGET" "refresh" && on "$REFRESH_COMPILE" "refresh (compile)" || return 0
   mkdir -p "$R/refresh" "$R/selection"
-  local done_kinds=()
+  local done_kinds=() kinds
+  kinds=$(python3 -c "from attnkit.bench.tune import REFRESH_KINDS; print(*REFRESH_KINDS)")   # tune's own list
   for kind in ${REFRESH_KIND:-fwd}; do
-    case $kind in fwd|train|varlen|flex) flag=--refresh-$kind ;; *) phase "skipped: refresh kind '$kind' (fwd, train, varlen, flex)"; continue ;; esac
+    case " $kinds " in *" $kind "*) flag=--refresh-$kind ;; *) phase "skipped: refresh kind '$kind' ($kinds)"; continue ;; esac
     phase "refresh $kind compile"
     local compiled_before
     compiled_before=$(cat "$R/refresh-$kind.jsonl.compiled" 2>/dev/null | wc -l)
@@ -379,8 +382,7 @@ job() {
   local p
   for p in ${ORDER:-checks hf compiled tune}; do
     [ "$p" = tune ] || table_in_use   # every phase after a sweep runs on its table
-    case $p in checks|hf|compiled|tune|replay|refresh|train|varlen|sdpahost|guardprof|dispatch|compstack|flexgrad|alibigraph|flexdyn|flexsize|bench|rebench) $p ;;
-      *) phase "skipped: unknown phase '$p' in ORDER (checks hf compiled tune replay refresh train varlen sdpahost guardprof dispatch compstack flexgrad alibigraph flexdyn flexsize bench rebench)" ;; esac
+    case " $PHASES " in *" $p "*) $p ;; *) phase "skipped: unknown phase '$p' in ORDER ($PHASES)" ;; esac
   done
   phase "DONE"
 }

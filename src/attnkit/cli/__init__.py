@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from attnkit._io import WriteError
+from attnkit.bench.tune import REFRESH_KINDS
 from attnkit.cli import images, index, matrix, runtime, wheels
 from attnkit.cli._args import _Parser, _version
 from attnkit.errors import AttnkitError, UsageError, first_line, shown
@@ -17,7 +18,7 @@ from attnkit.errors import AttnkitError, UsageError, first_line, shown
 PATH_OPTIONS = ("out", "report", "claims", "dest", "tests", "table", "png", "file", "cache_dir", "wheelhouse",
                 "rescore")
 # options taking several paths (`tune --merge A B`, `oracle --resume R1 R2`): an empty one among them, the same
-LIST_PATH_OPTIONS = ("merge", "cross_check", "refine", "refresh_fwd", "refresh_train", "refresh_varlen", "refresh_flex", "resume")
+LIST_PATH_OPTIONS = ("merge", "cross_check", "refine", "resume", *(f"refresh_{k}" for k in REFRESH_KINDS))
 
 
 def build_parser() -> argparse.ArgumentParser:
