@@ -1367,14 +1367,15 @@ def test_the_packaged_sm90_table_is_the_merge_of_its_sweep_and_carries_its_prove
     text = (resources.files("attnkit") / "data" / "selection" / "sm90.json").read_text(encoding="utf-8")
     packaged = table.validate(json.loads(text), "sm90.json")
     prov = packaged["provenance"]
-    # the files it names are all there, each once, and the first and last are the first sweep and the ALiBi LM cases
-    assert len(PACKAGED_FROM) == len(set(PACKAGED_FROM)) == 19 and all(f.is_file() for f in PACKAGED_FROM)
+    # the files it names are all there, each once, and the first and last are the first sweep and the flex refresh of the ALiBi chunks (session 32)
+    assert len(PACKAGED_FROM) == len(set(PACKAGED_FROM)) == 20 and all(f.is_file() for f in PACKAGED_FROM)
     assert json.loads(json.dumps(tune.merge(PACKAGED_FROM))) == packaged
     assert prov["files"][0] == "2026-12-02-h200-tune-session7-157-cases.jsonl"
-    assert prov["files"][-1] == "2026-12-07-h100-tune-session29-alibi-lm-15-cases.jsonl"
+    assert prov["files"][-1] == "2026-12-07-h100-tune-session32-flex-refresh-alibi-chunk-11-cases.jsonl"
     assert prov["gpus"] == ["NVIDIA H200"] and prov["torch"].startswith("2.11") and prov["cases"] == 784
-    # the varlen refresh's, the wide stage's, the tiny stage's and the causal ALiBi chunk / few and LM cases' passes
-    assert prov["passes_per_gpu"] == {"NVIDIA H200": 1091, "NVIDIA H100 80GB HBM3": 197}
+    # the varlen refresh's, the wide stage's, the tiny stage's, the causal ALiBi chunk / few and LM cases' and the flex
+    # refresh's passes (its 11 ALiBi chunks: 6 of their passes had been the H200's)
+    assert prov["passes_per_gpu"] == {"NVIDIA H200": 1085, "NVIDIA H100 80GB HBM3": 203}
     assert prov["libraries"]["flash-attn-4"] and prov["driver"] and prov["date"].startswith("2026-12-07")
     assert set(prov["grid"]["dtype"]) == {"bfloat16", "float16", "float32"}
     assert all(set(p["order"]) <= set(REGISTRY) for pts in packaged["cells"].values() for p in pts)

@@ -20,6 +20,7 @@
 #             packaged sm90 table was merged from, as its provenance names them); ORACLE_RESUME=FILE an earlier
 #             oracle report (the grid's passes run what it left, merged with it); SMOKE_ONLY="--backend ..." the
 #             smoke's rows for those backends only (one process); WHL_DIR a smaller wheel folder than .whl to carry.
+#             KEEP_TABLE=1 keeps the earlier run's merged table ($R/selection) in use for this run's phases.
 #             On a machine still warm from an earlier `start` (its results fetched by `wait`), `start` again needs no
 #             carry: the install is skipped, $S/ak-cache (FA4's and flex's compiled kernels) kept, and the earlier
 #             run's sweep file resumed unless TUNE_FROM names others, so e.g.
@@ -455,8 +456,17 @@ case $step in
     # (TUNE_FROM=/dev/null starts the sweep afresh; a copy left by a start cut between the two moves is kept)
     if [ -n "${TUNE_FROM:-}" ]; then rm -f "$S/tune-earlier.jsonl"
     elif [ -s "$R/tune.jsonl" ]; then mv "$R/tune.jsonl" "$S/tune-earlier.jsonl"; fi
+    # KEEP_TABLE=1: the earlier run's merged table (a refresh's or a sweep's $R/selection) stays in use, so this
+    # run's phases time the runtime as it decides from it (2026-12-07: a rebench after a refresh, on the same warm
+    # machine, had to copy it aside by hand; without it `start` clears $R and the packaged table decides)
+    rm -rf "$S/selection-kept"
+    if [ "${KEEP_TABLE:-0}" = 1 ]; then
+      [ -s "$R/selection/sm90.json" ] || { echo "KEEP_TABLE=1: no earlier table here ($R/selection/sm90.json)"; exit 1; }
+      mv "$R/selection" "$S/selection-kept" || exit 1
+    fi
     rm -rf "$S/src" "$R" && mkdir -p "$R" && cp -r src "$S/src"
     [ -s "$S/tune-earlier.jsonl" ] && mv "$S/tune-earlier.jsonl" "$R/tune.jsonl"
+    [ -d "$S/selection-kept" ] && mv "$S/selection-kept" "$R/selection"
     : > "$R/phases.log"   # `wait` reads a machine without it as a bare one
     cp "$OUT/nvidia-smi.txt" "$R/" 2>/dev/null
     # TUNE_FROM=<an earlier session's tune .jsonl in the tree>: the timed sweep resumes it (752 cases do not fit
