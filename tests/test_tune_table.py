@@ -1367,7 +1367,8 @@ def test_the_packaged_sm90_table_is_the_merge_of_its_sweep_and_carries_its_prove
     text = (resources.files("attnkit") / "data" / "selection" / "sm90.json").read_text(encoding="utf-8")
     packaged = table.validate(json.loads(text), "sm90.json")
     prov = packaged["provenance"]
-    # the files it names are all there, each once, and the first and last are the first sweep and the flex refresh of the ALiBi chunks (session 32)
+    # the files it names are all there, each once; the first is the first sweep, the last the flex refresh of the
+    # ALiBi chunks (session 32)
     assert len(PACKAGED_FROM) == len(set(PACKAGED_FROM)) == 20 and all(f.is_file() for f in PACKAGED_FROM)
     assert json.loads(json.dumps(tune.merge(PACKAGED_FROM))) == packaged
     assert prov["files"][0] == "2026-12-02-h200-tune-session7-157-cases.jsonl"

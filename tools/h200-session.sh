@@ -20,7 +20,8 @@
 #             packaged sm90 table was merged from, as its provenance names them); ORACLE_RESUME=FILE an earlier
 #             oracle report (the grid's passes run what it left, merged with it); SMOKE_ONLY="--backend ..." the
 #             smoke's rows for those backends only (one process); WHL_DIR a smaller wheel folder than .whl to carry.
-#             KEEP_TABLE=1 keeps the earlier run's merged table ($R/selection) in use for this run's phases.
+#             KEEP_TABLE=1 keeps the earlier run's merged table ($R/selection) in use for this run's phases
+#             (refused beside an ORDER with tune or refresh: they merge their own).
 #             On a machine still warm from an earlier `start` (its results fetched by `wait`), `start` again needs no
 #             carry: the install is skipped, $S/ak-cache (FA4's and flex's compiled kernels) kept, and the earlier
 #             run's sweep file resumed unless TUNE_FROM names others, so e.g.
@@ -449,6 +450,12 @@ case $step in
         "(provenance.files, written by tune --merge)"; exit 1; }
       for f in $TUNE_FROM; do [ -f "$f" ] || { echo "TUNE_FROM=packaged: $f is not in this tree"; exit 1; }; done
     fi
+    if [ "${KEEP_TABLE:-0}" = 1 ]; then   # checked before the install, like TUNE_FROM: a refusal costs no minutes
+      case " ${ORDER:-checks hf compiled tune} " in *" tune "*|*" refresh "*)
+        echo "KEEP_TABLE=1: ORDER has tune or refresh, which merge a table of their own over the kept one"; exit 1 ;; esac
+      [ -s "$R/selection/sm90.json" ] || [ -s "$S/selection-kept/sm90.json" ] ||
+        { echo "KEEP_TABLE=1: no earlier table on this machine ($R/selection/sm90.json)"; exit 1; }
+    fi
     if [ -d .fa4c ]; then cp .fa4c/*.whl /root/fa4/ || exit 1; fi   # the small wheels, when `split` moved them
     OUT=$OUT bash tools/h200-runtime.sh install || exit 1
     # a warm machine's earlier run: not this one's, but for its sweep file, which this run resumes unless TUNE_FROM
@@ -458,12 +465,11 @@ case $step in
     elif [ -s "$R/tune.jsonl" ]; then mv "$R/tune.jsonl" "$S/tune-earlier.jsonl"; fi
     # KEEP_TABLE=1: the earlier run's merged table (a refresh's or a sweep's $R/selection) stays in use, so this
     # run's phases time the runtime as it decides from it (2026-12-07: a rebench after a refresh, on the same warm
-    # machine, had to copy it aside by hand; without it `start` clears $R and the packaged table decides)
-    rm -rf "$S/selection-kept"
+    # machine, had to copy it aside by hand; without it `start` clears $R and the packaged table decides); a copy
+    # that a start cut between the two moves left in $S/selection-kept is the one kept
     if [ "${KEEP_TABLE:-0}" = 1 ]; then
-      [ -s "$R/selection/sm90.json" ] || { echo "KEEP_TABLE=1: no earlier table here ($R/selection/sm90.json)"; exit 1; }
-      mv "$R/selection" "$S/selection-kept" || exit 1
-    fi
+      [ -s "$S/selection-kept/sm90.json" ] || mv "$R/selection" "$S/selection-kept" || exit 1
+    else rm -rf "$S/selection-kept"; fi
     rm -rf "$S/src" "$R" && mkdir -p "$R" && cp -r src "$S/src"
     [ -s "$S/tune-earlier.jsonl" ] && mv "$S/tune-earlier.jsonl" "$R/tune.jsonl"
     [ -d "$S/selection-kept" ] && mv "$S/selection-kept" "$R/selection"
