@@ -36,6 +36,30 @@ def test_smoke_report_on_this_machine(tmp_path, capsys):
     assert "smoke:" in capsys.readouterr().out
 
 
+def test_an_interrupted_smoke_reports_the_rows_it_ran_and_does_not_pass(tmp_path, monkeypatch, capsys):
+    """A time limit's TERM (the CLI turns it into KeyboardInterrupt) mid-run: the rows done are written, marked
+    partial, and the run exits 130. On the GPU machine a limit used to stop every process before it wrote anything."""
+    real, calls = smoke.check, []
+
+    def check(backend, case, dtype, device):
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        calls.append((backend, case, dtype))
+        return real(backend, case, dtype, device)
+
+    monkeypatch.setattr(smoke, "check", check)
+    out = tmp_path / "smoke.json"
+    assert main(["smoke", "--backend", "sdpa_math", "--report", str(out)]) == 130
+    rep = json.loads(out.read_text())
+    planned = len(smoke.CASES) * len(smoke.dtypes(rep["doctor"]["device"]))
+    assert rep["interrupted"] == {"not_run": planned - 3, "planned": planned}
+    assert sum(rep["counts"].values()) == 3 and [(c["backend"], c["case"], c["dtype"]) for c in rep["checks"]] == calls
+    assert "interrupted: " in capsys.readouterr().out
+    monkeypatch.setattr(smoke, "check", real)  # a run that ends has no such key
+    assert main(["smoke", "--backend", "sdpa_math", "--case", "mha", "--report", str(out)]) == 0
+    assert "interrupted" not in json.loads(out.read_text())
+
+
 def test_smoke_catches_a_wrong_backend_and_a_crashing_one(monkeypatch):
     from attnkit.runtime.backends.sdpa_math import SdpaMath
 

@@ -33,9 +33,10 @@
 #             (only between phases: a running one imports lazily and could see half of the copy)
 #   job       the phases in ORDER (default "checks hf compiled tune"), each writing under $S/results (a phase's
 #             failure is logged, the next one runs):
-#             checks: smoke (beside the oracle, at most SMOKE_S s: the phases after it wait for it, and on an H100
+#             checks: smoke (beside the oracle, at most SMOKE_S s, each process's report partial if its limit stops
+#               it: the phases after it wait for it, and on an H100
 #               on 2026-12-06 attention()'s own and compiled rows were still running after 6 min; SMOKE_ONLY=none leaves it out, SMOKE_SPLIT=attnkit runs only
-#               attention()'s own rows, in 3 processes, and SMOKE_EXTRA="--backend X ..." those backends' rows
+#               attention()'s own rows, in 3 processes (SMOKE_PROCS=N: N), and SMOKE_EXTRA="--backend X ..." those backends' rows
 #               beside them in a 4th; SMOKE_ONLY leaves both out); oracle: flash-attn's grid in SHARDS
 #               processes side by side (16 on a card over 100 GB, else 8), the own pick over the whole grid (ORACLE_OWN s), then every backend forced
 #               (ORACLE_FORCED s; 0 leaves it out), merged;
@@ -109,7 +110,11 @@ checks() {
   # the smoke in 4 processes side by side: flex's rows (it compiles each signature: 12 of the 15 min on
   # 2026-12-01) split over 3 by case, and every other row in the 4th
   local groups others j
-  groups=$(python3 -c "from attnkit.runtime.smoke import CASES; c = list(CASES); print(' '.join(','.join(c[i::3]) for i in range(3)))")
+  # SMOKE_PROCS=N: flex's rows over N processes instead (2026-12-07: 150 s stopped all of them before any report;
+  # each now writes the rows it ran when its limit stops it)
+  local procs=${SMOKE_PROCS:-3}
+  case $procs in ''|*[!0-9]*|0) phase "SMOKE_PROCS '$procs' is not a whole number > 0: 3"; procs=3 ;; esac
+  groups=$(python3 -c "from attnkit.runtime.smoke import CASES; c = list(CASES); n = $procs; print(' '.join(','.join(c[i::n]) for i in range(n) if c[i::n]))")
   others=$(python3 -c "from attnkit.runtime.backends import REGISTRY; from attnkit.runtime.smoke import AUTO, COMPILED; print(' '.join('--backend ' + n for n in [*REGISTRY, AUTO, COMPILED] if n != 'flex'))")
   if [ -z "$groups" ] || [ -z "$others" ]; then phase "smoke split: listing failed, one process"; groups=; others=" "; fi
   if [ -n "${SMOKE_ONLY:-}" ]; then groups=; others=$SMOKE_ONLY; fi   # e.g. "--backend attnkit-compiled": those rows only

@@ -244,6 +244,7 @@ def run_smoke(report: str | None = None, backends: list[str] | None = None, case
         if name not in CASES:
             raise UsageError(f"--case: unknown case {name!r}; known: {', '.join(CASES)}")
     con = Console(width=160, quiet=quiet)
+    not_run = 0  # checks a KeyboardInterrupt (Ctrl-C, or a time limit's TERM) left: the report says how many
     p = probe()
     if p.torch is None:
         why = p.torch_error or "torch is not installed"
@@ -257,13 +258,16 @@ def run_smoke(report: str | None = None, backends: list[str] | None = None, case
 
         allow_many_signatures()
         checks = []
-        for b in backends or [*REGISTRY, AUTO, COMPILED]:
-            for c in cases or list(CASES):
-                for dt in dtypes(device):
-                    checks.append(check(b, c, dt, device))
-                    last = checks[-1]
-                    if last["outcome"] == "failed":
-                        con.print(f"[red]FAILED[/red] {b} {c} {dt}: {last['error']}")
+        planned = [(b, c, dt) for b in backends or [*REGISTRY, AUTO, COMPILED] for c in cases or list(CASES)
+                   for dt in dtypes(device)]
+        try:
+            for b, c, dt in planned:
+                checks.append(check(b, c, dt, device))
+                last = checks[-1]
+                if last["outcome"] == "failed":
+                    con.print(f"[red]FAILED[/red] {b} {c} {dt}: {last['error']}")
+        except KeyboardInterrupt:  # a time limit's TERM (the CLI raises it): the rows done are reported, then it stops
+            not_run = len(planned) - len(checks)
     counts: dict[str, int] = {}
     skipped: dict[str, int] = {}
     for ch in checks:
@@ -279,7 +283,8 @@ def run_smoke(report: str | None = None, backends: list[str] | None = None, case
         if ch.get("route"):
             routes.setdefault(ch["backend"], Counter())[ch["route"]] += 1
     con.print(f"smoke: {counts.get('passed', 0)} passed, {counts.get('failed', 0)} failed, "
-              f"{counts.get('skipped', 0)} skipped (with reasons)")
+              f"{counts.get('skipped', 0)} skipped (with reasons)"
+              + (f"; [red]interrupted: {not_run} of {len(checks) + not_run} checks not run[/red]" if not_run else ""))
     con.print("  " + "; ".join(f"{b}: " + ", ".join(f"{n} {o}" for o, n in sorted(r.items()))
                               for b, r in by_backend.items()))
     for reason, n in sorted(skipped.items(), key=lambda kv: -kv[1]):  # one line per reason, with its count
@@ -287,8 +292,12 @@ def run_smoke(report: str | None = None, backends: list[str] | None = None, case
     if report:
         doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "counts": counts,
                "by_backend": by_backend, "routes": routes, "skipped_reasons": skipped, "doctor": doctor_report(), "checks": checks}
+        if not_run:  # a partial report says so: its counts are of the checks that ran, in the planned order
+            doc["interrupted"] = {"not_run": not_run, "planned": len(checks) + not_run}
         write_atomic(Path(report), json.dumps(doc, indent=1, default=str))
         con.print(f"wrote {report}")
+    if not_run:  # interrupted is never a pass: the CLI says so and exits 130
+        raise KeyboardInterrupt
     if counts.get("failed"):
         return 1
     if not counts.get("passed"):  # a gate that checked nothing must not pass
