@@ -88,6 +88,7 @@ TUNE_BUDGET=${TUNE_BUDGET:-300}; VALIDATE_S=${VALIDATE_S:-240}; HF_S=${HF_S:-300
 step=${1:-wait}
 # the phases `job` runs, each a function below (one list: ORDER is checked against it)
 PHASES="checks hf compiled tune replay refresh train varlen sdpahost guardprof dispatch compstack flexgrad alibigraph flexdyn flexsize bench rebench"
+ORDER=${ORDER:-checks hf compiled tune}   # the phases a job runs, in order (`start` checks KEEP_TABLE against them)
 
 phase() { echo "$(date +%T) $*" | tee -a "$R/phases.log"; }
 on() {   # a phase with budget 0 is left out; a budget that is not whole seconds is said so, and left out too
@@ -387,7 +388,7 @@ job() {
     ATTNKIT_MACHINE_LABEL=${ATTNKIT_MACHINE_LABEL:-h200}
   phase "job on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) ($mem MiB): $SHARDS shards"
   local p
-  for p in ${ORDER:-checks hf compiled tune}; do
+  for p in $ORDER; do
     [ "$p" = tune ] || table_in_use   # every phase after a sweep runs on its table
     case " $PHASES " in *" $p "*) $p ;; *) phase "skipped: unknown phase '$p' in ORDER ($PHASES)" ;; esac
   done
@@ -456,7 +457,7 @@ case $step in
       for f in $TUNE_FROM; do [ -f "$f" ] || { echo "TUNE_FROM=packaged: $f is not in this tree"; exit 1; }; done
     fi
     if [ "${KEEP_TABLE:-0}" = 1 ]; then   # checked before the install, like TUNE_FROM: a refusal costs no minutes
-      case " ${ORDER:-checks hf compiled tune} " in *" tune "*|*" refresh "*)
+      case " $ORDER " in *" tune "*|*" refresh "*)
         echo "KEEP_TABLE=1: ORDER has tune or refresh, which merge a table of their own over the kept one"; exit 1 ;; esac
       [ -s "$R/selection/sm90.json" ] || [ -s "$S/selection-kept/sm90.json" ] ||
         { echo "KEEP_TABLE=1: no earlier table on this machine ($R/selection/sm90.json)"; exit 1; }

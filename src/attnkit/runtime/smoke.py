@@ -244,7 +244,7 @@ def run_smoke(report: str | None = None, backends: list[str] | None = None, case
         if name not in CASES:
             raise UsageError(f"--case: unknown case {name!r}; known: {', '.join(CASES)}")
     con = Console(width=160, quiet=quiet)
-    not_run = 0  # checks a KeyboardInterrupt (Ctrl-C, or a time limit's TERM) left: the report says how many
+    interrupted: dict[str, int] = {}  # what a KeyboardInterrupt (Ctrl-C, or a time limit's TERM) left: in the report
     p = probe()
     if p.torch is None:
         why = p.torch_error or "torch is not installed"
@@ -267,7 +267,7 @@ def run_smoke(report: str | None = None, backends: list[str] | None = None, case
                 if last["outcome"] == "failed":
                     con.print(f"[red]FAILED[/red] {b} {c} {dt}: {last['error']}")
         except KeyboardInterrupt:  # a time limit's TERM (the CLI raises it): the rows done are reported, then it stops
-            not_run = len(planned) - len(checks)
+            interrupted = {"not_run": len(planned) - len(checks), "planned": len(planned)}
     counts: dict[str, int] = {}
     skipped: dict[str, int] = {}
     for ch in checks:
@@ -284,7 +284,8 @@ def run_smoke(report: str | None = None, backends: list[str] | None = None, case
             routes.setdefault(ch["backend"], Counter())[ch["route"]] += 1
     con.print(f"smoke: {counts.get('passed', 0)} passed, {counts.get('failed', 0)} failed, "
               f"{counts.get('skipped', 0)} skipped (with reasons)"
-              + (f"; [red]interrupted: {not_run} of {len(checks) + not_run} checks not run[/red]" if not_run else ""))
+              + (f"; [red]interrupted: {interrupted['not_run']} of {interrupted['planned']} checks not run[/red]"
+                 if interrupted else ""))
     con.print("  " + "; ".join(f"{b}: " + ", ".join(f"{n} {o}" for o, n in sorted(r.items()))
                               for b, r in by_backend.items()))
     for reason, n in sorted(skipped.items(), key=lambda kv: -kv[1]):  # one line per reason, with its count
@@ -292,11 +293,11 @@ def run_smoke(report: str | None = None, backends: list[str] | None = None, case
     if report:
         doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "counts": counts,
                "by_backend": by_backend, "routes": routes, "skipped_reasons": skipped, "doctor": doctor_report(), "checks": checks}
-        if not_run:  # a partial report says so: its counts are of the checks that ran, in the planned order
-            doc["interrupted"] = {"not_run": not_run, "planned": len(checks) + not_run}
+        if interrupted:  # a partial report says so: its counts are of the checks that ran, in the planned order
+            doc["interrupted"] = interrupted
         write_atomic(Path(report), json.dumps(doc, indent=1, default=str))
         con.print(f"wrote {report}")
-    if not_run:  # interrupted is never a pass: the CLI says so and exits 130
+    if interrupted:  # interrupted is never a pass: the CLI says so and exits 130
         raise KeyboardInterrupt
     if counts.get("failed"):
         return 1
