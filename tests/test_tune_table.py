@@ -1368,16 +1368,17 @@ def test_the_packaged_sm90_table_is_the_merge_of_its_sweep_and_carries_its_prove
     packaged = table.validate(json.loads(text), "sm90.json")
     prov = packaged["provenance"]
     # the files it names are all there, each once; the first is the first sweep, the last the flex refresh of the
-    # ALiBi chunks (session 32)
-    assert len(PACKAGED_FROM) == len(set(PACKAGED_FROM)) == 20 and all(f.is_file() for f in PACKAGED_FROM)
+    # softcap and window cases (session 33)
+    assert len(PACKAGED_FROM) == len(set(PACKAGED_FROM)) == 22 and all(f.is_file() for f in PACKAGED_FROM)
     assert json.loads(json.dumps(tune.merge(PACKAGED_FROM))) == packaged
     assert prov["files"][0] == "2026-12-02-h200-tune-session7-157-cases.jsonl"
-    assert prov["files"][-1] == "2026-12-07-h100-tune-session32-flex-refresh-alibi-chunk-11-cases.jsonl"
-    assert prov["gpus"] == ["NVIDIA H200"] and prov["torch"].startswith("2.11") and prov["cases"] == 784
+    assert prov["files"][-1] == "2026-12-08-h100-tune-session33-flex-refresh-softcap-window-19-cases.jsonl"
+    assert prov["gpus"] == ["NVIDIA H200"] and prov["torch"].startswith("2.11") and prov["cases"] == 794
     # the varlen refresh's, the wide stage's, the tiny stage's, the causal ALiBi chunk / few and LM cases' and the flex
-    # refresh's passes (its 11 ALiBi chunks: 6 of their passes had been the H200's)
-    assert prov["passes_per_gpu"] == {"NVIDIA H200": 1085, "NVIDIA H100 80GB HBM3": 203}
-    assert prov["libraries"]["flash-attn-4"] and prov["driver"] and prov["date"].startswith("2026-12-07")
+    # refreshes' passes (session 32's 11 ALiBi chunks, session 33's 19 softcap and window cases: 36 of their passes
+    # had been the H200's) and session 33's 10 alibi_lm cases, all on an H100 of the same stack
+    assert prov["passes_per_gpu"] == {"NVIDIA H200": 1049, "NVIDIA H100 80GB HBM3": 249}
+    assert prov["libraries"]["flash-attn-4"] and prov["driver"] and prov["date"].startswith("2026-12-08")
     assert set(prov["grid"]["dtype"]) == {"bfloat16", "float16", "float32"}
     assert all(set(p["order"]) <= set(REGISTRY) for pts in packaged["cells"].values() for p in pts)
 
@@ -1571,6 +1572,18 @@ def test_rescore_decides_the_validate_shapes_again_and_times_each_pick_by_the_re
         times = [v[c["pass"]]["sync"] for v in ms.values() if c["pass"] in v]
         assert c["sync"] == round(min(times) / ms[f"attnkit:{c['pick']}"][c["pass"]]["sync"], 3)
     assert rep["summary"]["fwd_sync"]["shapes"] == 14 and rep["summary"]["fwdbwd_b2b"]["shapes"] == 10
+
+
+# timed on an H100 with the device's own merge of the packaged table's files (session 33, 12 of the 14 shapes)
+VALIDATED_H100 = _RESULTS / "2026-12-08-h100-tune-validate-session33-12-of-14-shapes.json"
+
+
+def test_the_packaged_table_makes_every_pick_of_the_newest_validate():
+    """The table rebuilt here from the committed files is the one the device validated: every pass of every shape it
+    reached gets the same pick."""
+    rep = tune.rescore(VALIDATED_H100)
+    assert rep["picks"] == 20 and all(c["same_pick"] for c in rep["calls"])
+    assert rep["summary"]["fwd_sync"]["shapes"] == 12 and rep["summary"]["fwdbwd_sync"]["shapes"] == 8
 
 
 def test_rescore_says_where_the_runtime_now_picks_otherwise(monkeypatch):

@@ -65,7 +65,8 @@
 #               backward in a compiled graph (tools/probe-flex-compiled-grad.py, FLEXGRAD_S s); alibigraph: ALiBi's dense bias
 #               against flex in a compiled graph (tools/probe-alibi-graph.py, ALIBIGRAPH_S s); flexdyn: flex's forward
 #               in a graph with dynamic sizes (tools/probe-flex-graph-dynamic.py, FLEXDYN_S s); flexsize: flex compiled for one size against
-#               flex after another size (tools/probe-flex-first-size.py, FLEXSIZE_S s); bench: `attnkit
+#               flex after another size (tools/probe-flex-first-size.py, FLEXSIZE_S s); flexhost: attention()'s flex
+#               against torch's flex called directly, one difference at a time (tools/probe-flex-host.py, FLEXHOST_S s); bench: `attnkit
 #               bench` (BENCH_S s; BENCH_SHAPES="label;label" its suite shapes by label; BENCH_RESUME=FILE an
 #               earlier session's report cut short, continued with --resume: same machine kind only);
 #             rebench: `attnkit bench` again for REBENCH_SHAPES="label;label" into bench-again.json (REBENCH_S s);
@@ -84,10 +85,10 @@ S=${ATTNKIT_SESSION_DIR:-/root/attnkit-session}
 OUT=${OUT:-/tmp/out}; R=$S/results
 case ${1:-wait} in split|aside|back) ;; *) mkdir -p "$OUT" "$R" ;; esac   # these three run here, before the session
 ORACLE_OWN=${ORACLE_OWN:-360}; ORACLE_FORCED=${ORACLE_FORCED:-300}; TUNE_COMPILE=${TUNE_COMPILE:-200}
-TUNE_BUDGET=${TUNE_BUDGET:-300}; VALIDATE_S=${VALIDATE_S:-240}; HF_S=${HF_S:-300}; COMPILED_S=${COMPILED_S:-240}; REPLAY_S=${REPLAY_S:-240}; TRAIN_S=${TRAIN_S:-240}; REFRESH_COMPILE=${REFRESH_COMPILE:-150}; REFRESH_BUDGET=${REFRESH_BUDGET:-280}; VARLEN_S=${VARLEN_S:-120}; SDPAHOST_S=${SDPAHOST_S:-150}; SMOKE_S=${SMOKE_S:-900}; GUARDPROF_S=${GUARDPROF_S:-150}; DISPATCH_S=${DISPATCH_S:-60}; REBENCH_S=${REBENCH_S:-300}; COMPSTACK_S=${COMPSTACK_S:-240}; FLEXGRAD_S=${FLEXGRAD_S:-240}; ALIBIGRAPH_S=${ALIBIGRAPH_S:-300}; FLEXDYN_S=${FLEXDYN_S:-200}; FLEXSIZE_S=${FLEXSIZE_S:-200}; BENCH_S=${BENCH_S:-600}; SHARDS=${SHARDS:-}
+TUNE_BUDGET=${TUNE_BUDGET:-300}; VALIDATE_S=${VALIDATE_S:-240}; HF_S=${HF_S:-300}; COMPILED_S=${COMPILED_S:-240}; REPLAY_S=${REPLAY_S:-240}; TRAIN_S=${TRAIN_S:-240}; REFRESH_COMPILE=${REFRESH_COMPILE:-150}; REFRESH_BUDGET=${REFRESH_BUDGET:-280}; VARLEN_S=${VARLEN_S:-120}; SDPAHOST_S=${SDPAHOST_S:-150}; SMOKE_S=${SMOKE_S:-900}; GUARDPROF_S=${GUARDPROF_S:-150}; DISPATCH_S=${DISPATCH_S:-60}; REBENCH_S=${REBENCH_S:-300}; COMPSTACK_S=${COMPSTACK_S:-240}; FLEXGRAD_S=${FLEXGRAD_S:-240}; ALIBIGRAPH_S=${ALIBIGRAPH_S:-300}; FLEXDYN_S=${FLEXDYN_S:-200}; FLEXSIZE_S=${FLEXSIZE_S:-200}; FLEXHOST_S=${FLEXHOST_S:-300}; BENCH_S=${BENCH_S:-600}; SHARDS=${SHARDS:-}
 step=${1:-wait}
 # the phases `job` runs, each a function below (one list: ORDER is checked against it)
-PHASES="checks hf compiled tune replay refresh train varlen sdpahost guardprof dispatch compstack flexgrad alibigraph flexdyn flexsize bench rebench"
+PHASES="checks hf compiled tune replay refresh train varlen sdpahost guardprof dispatch compstack flexgrad alibigraph flexdyn flexsize flexhost bench rebench"
 ORDER=${ORDER:-checks hf compiled tune}   # the phases a job runs, in order (`start` checks KEEP_TABLE against them)
 
 phase() { echo "$(date +%T) $*" | tee -a "$R/phases.log"; }
@@ -290,6 +291,9 @@ alibigraph() { probe "$ALIBIGRAPH_S" "ALiBi in a graph probe" probe-alibi-graph.
 flexdyn() { probe "$FLEXDYN_S" "flex forward in a dynamic graph probe" probe-flex-graph-dynamic.py flex-graph-dynamic ok failed; }
 # flexsize: flex compiled for one size against flex after another size of the same signature (a dynamic graph)
 flexsize() { probe "$FLEXSIZE_S" "flex first size probe" probe-flex-first-size.py flex-first-size case; }
+# flexhost: attention()'s flex call against torch's flex called directly, one difference at a time (block mask, mods
+# and entry point, bound runner, lookup), timed and profiled (the held-out BLOOM shape's 0.89 with a sync)
+flexhost() { probe "$FLEXHOST_S" "flex host probe" probe-flex-host.py flex-host case; }
 # a compiled attention() step's host time, Python frame by frame, against eager and the plain call compiled
 compstack() { probe "$COMPSTACK_S" "compiled host stack probe" probe-compiled-host-stack.py compiled-host-stack; }
 # `attnkit bench` (BENCH_SHAPES="label;label": only those suite shapes), its report written shape by shape
