@@ -507,6 +507,8 @@ def _packed(lens):
     {"causal": True}, {"causal": True, "alibi": True}, {"window": (7, 3), "softcap": 5.0},
     {"causal": True, "sq": 20, "sk": 50, "alibi": True}, {"causal": True, "sq": 50, "sk": 20},
     {"alibi_batch": True, "sq": 30, "sk": 40},
+    # one-sided windows (the mask holds only the terms the call has), and one unbounded on both sides (no mask)
+    {"window": (-1, 4)}, {"window": (5, -1), "alibi": True}, {"window": (-1, -1), "sq": 20, "sk": 50},
 ])
 def test_flex_matches_the_reference_on_cpu(kw):
     torch.manual_seed(0)
@@ -1375,8 +1377,8 @@ def test_the_packaged_sm90_table_is_the_merge_of_its_sweep_and_carries_its_prove
     assert prov["files"][-1] == "2026-12-08-h100-tune-session33-flex-refresh-softcap-window-19-cases.jsonl"
     assert prov["gpus"] == ["NVIDIA H200"] and prov["torch"].startswith("2.11") and prov["cases"] == 794
     # the varlen refresh's, the wide stage's, the tiny stage's, the causal ALiBi chunk / few and LM cases' and the flex
-    # refreshes' passes (session 32's 11 ALiBi chunks, session 33's 19 softcap and window cases: 36 of their passes
-    # had been the H200's) and session 33's 10 alibi_lm cases, all on an H100 of the same stack
+    # refreshes' passes (session 32's 11 ALiBi chunks: 6 of their passes had been the H200's; session 33's 19 softcap
+    # and window cases: its 36 had been) and session 33's 10 alibi_lm cases, all on an H100 of the same stack
     assert prov["passes_per_gpu"] == {"NVIDIA H200": 1049, "NVIDIA H100 80GB HBM3": 249}
     assert prov["libraries"]["flash-attn-4"] and prov["driver"] and prov["date"].startswith("2026-12-08")
     assert set(prov["grid"]["dtype"]) == {"bfloat16", "float16", "float32"}

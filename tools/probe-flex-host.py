@@ -1,25 +1,29 @@
 """Where do attention()'s flex calls lose to torch's FlexAttention called as its documentation shows? On the H100 of
 2026-12-08 (docs/results/2026-12-08-h100-tune-validate-session33-12-of-14-shapes.json), the held-out BLOOM ALiBi shape
-(B2 H32 S2048 D128 causal, bf16) picked flex and ran 0.894 of the library call forward with a sync (0.445 against
-0.399 ms: ~46 us more a call, where back to back the two were equal, 0.276 / 0.274 ms) and 0.91 back to back in
-fwd+bwd (1.281 against 1.152 ms: the GPU's work, not the host's). The candidates differ in four places, and this
-probe takes them one at a time, in one interleaved race per shape and pass (bench.timer.interleaved, a sync per
-call, and back to back), with each form's CUDA kernels per step (profiler):
+(B2 H32 S2048 D128 causal, bf16) picked flex, and attention()'s own pick ran 0.894 of the library call forward with a
+sync (0.4455 against 0.3985 ms: 47 us more a call, where back to back it was 0.279 against 0.274 ms) and 0.91 back
+to back in fwd+bwd (1.266 against 1.152 ms: the GPU's work, not the host's). The calls differ in a few places, and
+this probe takes them one at a time, in one interleaved race per shape and pass (bench.timer.interleaved, a sync
+per call, and back to back), with each form's CUDA kernel launches per step (profiler) and, in fwd+bwd, its
+gradients against the library call's. Each pass builds its own tensors (requires_grad only in fwd+bwd) and
+bindings, as the validate does:
 - `library`: torch.compile(flex_attention, dynamic=False) with the mods and block mask as bench/candidates.py
-  builds them (the validate's `flex`);
-- `library_attnkit_mask`: the same compiled call with attnkit's block mask (create_block_mask(_compile=True),
-  broadcast over batch and heads): the block mask alone;
+  builds them (the validate's `flex`), on a code object of its own (its own dynamo cache);
+- `library_attnkit_mask`: the same compiled call, on another code object, with attnkit's block mask
+  (create_block_mask(_compile=True), broadcast over batch and heads): the block mask alone;
 - `attnkit_entry`: attnkit's compiled entry point for this signature and size (runtime/backends/flex.py
   `entry_point`) with attnkit's mods (`mask_and_score`) and keyword dict, called directly: the mods and the
   entry, no dispatch;
 - `attnkit_bound`: attnkit.bind(..., backend="flex") once, then the bound call: the runner, no lookup;
-- `attention`: attention(..., backend="flex") as the validate's `attnkit:flex` calls it: the lookup too.
-Writes JSON to argv[1]."""
+- `attention`: attention(..., backend="flex") as the validate's `attnkit:flex` calls it: the lookup too;
+- `attention_auto`: attention() with no backend named, the validate's `attnkit` row (its own pick, flex there).
+Writes JSON to argv[1]; each case's row as it lands (a compile is ~15-20 s; FLEXHOST_S=300 may reach 1-2 cases)."""
 
 from __future__ import annotations
 
 import sys
 import time
+import types
 from collections import Counter
 from typing import Any
 
@@ -35,11 +39,27 @@ CASES = [
     ("ALiBi chunk MHA B2 H16 Sq1024 Sk8192 D128 bf16 (bench shape)", 2, 16, 1024, 8192, 128, "bfloat16", True),
 ]
 DRY = ("ALiBi tiny (CPU dry run)", 1, 2, 64, 64, 16, "float32", False)
+LAUNCH = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "cudaGraphLaunch")
 
 
-def forms(b: int, h: int, sq: int, sk: int, d: int, dtype: str, grad: bool) -> tuple[dict[str, Any], Any]:
-    """Each form as a no-argument call on the same (B, S, H, D) tensors, and the output gradient."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+def _entry(q: Any, k: Any, v: Any, score_mod: Any, block_mask: Any) -> Any:
+    return _flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)  # type: ignore[name-defined]  # noqa: F821
+
+
+def library_entry(name: str) -> Any:
+    """torch.compile(flex_attention, dynamic=False) on a code object of its own: its own dynamo cache, so that one
+    form's guards are never checked on another form's call."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    code = _entry.__code__.replace(co_name=name)
+    fn = types.FunctionType(code, {**_entry.__globals__, "_flex_attention": flex_attention}, name)
+    return torch.compile(fn, dynamic=False) if DEV == "cuda" else fn
+
+
+def forms(b: int, h: int, sq: int, sk: int, d: int, dtype: str, grad: bool) -> tuple[dict[str, Any], Any, Any]:
+    """Each form as a no-argument call on the same (B, S, H, D) tensors (requiring grad when `grad`), the output
+    gradient (None without grad) and the tensors."""
+    from torch.nn.attention.flex_attention import create_block_mask
 
     import attnkit
     from attnkit.runtime.attention import attention
@@ -60,35 +80,36 @@ def forms(b: int, h: int, sq: int, sk: int, d: int, dtype: str, grad: bool) -> t
         return score - slopes[h_] * (j - i - off).abs()
 
     lib_mask = create_block_mask(mask_mod, None, None, sq, sk, device=DEV)
-    lib = torch.compile(flex_attention, dynamic=False) if DEV == "cuda" else flex_attention
+    tag = f"{b}_{h}_{sq}_{sk}_{d}_{dtype}_{int(grad)}"
 
-    def library(bm: Any) -> Any:
-        return lambda: lib(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), score_mod=score_mod,
-                           block_mask=bm).transpose(1, 2)
+    def library(name: str, bm: Any) -> Any:
+        fn = library_entry(f"{name}_{tag}")
+        return lambda: fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), score_mod, bm).transpose(1, 2)
 
     call, params = Inputs(q, k, v, causal=True, alibi_slopes=slopes).prepare()
     ak_mask_mod, ak_score_mod, q_len, kv_len = fx.mask_and_score(call, params, q.device)
     ak_mask = create_block_mask(ak_mask_mod, None, None, q_len, kv_len, device=DEV, _compile=DEV == "cuda")
-    entry = fx.entry_point(("probe-flex-host", dtype, grad, sq, sk), (tuple(q.shape), tuple(k.shape), tuple(v.shape)))
+    entry = fx.entry_point(("probe-flex-host", tag), (tuple(q.shape), tuple(k.shape), tuple(v.shape)))
     kw = {"score_mod": ak_score_mod, "scale": params.scale, "enable_gqa": False}
     bound = attnkit.bind(q, k, v, causal=True, alibi_slopes=slopes, backend="flex")
     runs = {
-        "library": library(lib_mask),
-        "library_attnkit_mask": library(ak_mask),
+        "library": library("library", lib_mask),
+        "library_attnkit_mask": library("library_attnkit_mask", ak_mask),
         "attnkit_entry": lambda: entry(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), ak_mask,
                                        kw).transpose(1, 2),
         "attnkit_bound": lambda: bound(q, k, v),
         "attention": lambda: attention(q, k, v, causal=True, alibi_slopes=slopes, backend="flex"),
+        "attention_auto": lambda: attention(q, k, v, causal=True, alibi_slopes=slopes),
     }
     g = torch.randn(b, sq, h, d, device=DEV, dtype=dt, generator=gen) if grad else None
-    return runs, (g, (q, k, v))
+    return runs, g, (q, k, v)
 
 
 def kernels(fn: Any) -> dict[str, Any]:
-    """The CUDA kernels one synced step launches (names, counts), and the host time from the step's start to its
-    first kernel's launch, median over the profiled steps."""
+    """The kernel launches of one synced step (runtime or driver API: Triton launches through the driver), the host
+    time from the step's start to its first launch (median over the profiled steps), and the last step's kernels."""
     marks, events = profiled_steps(fn, steps=5)
-    launches = sorted((e for e in events if e.get("cat") == "cuda_runtime" and "Launch" in str(e.get("name", ""))),
+    launches = sorted((e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver") and e["name"] in LAUNCH),
                       key=lambda e: e["ts"])
     per_step, to_first = [], []
     for m in marks:
@@ -106,31 +127,38 @@ def kernels(fn: Any) -> dict[str, Any]:
 
 def one(label: str, b: int, h: int, sq: int, sk: int, d: int, dtype: str, train: bool) -> dict[str, Any]:
     t0 = time.perf_counter()
-    runs, (g, tensors) = forms(b, h, sq, sk, d, dtype, train)
     row: dict[str, Any] = {"case": label}
-    passes = {"fwd": None, **({"fwdbwd": g} if train else {})}
-    for ps, grad_out in passes.items():
-        def step(f: Any, grad_out: Any = grad_out) -> Any:
-            def r() -> Any:
+    for ps in ("fwd", "fwdbwd") if train else ("fwd",):
+        runs, g, tensors = forms(b, h, sq, sk, d, dtype, ps == "fwdbwd")
+
+        def step(f: Any, g: Any = g, tensors: Any = tensors) -> Any:
+            def run() -> Any:
                 for t in tensors:
                     t.grad = None
-                if grad_out is None:
-                    with torch.no_grad():
-                        return f()
                 out = f()
-                out.backward(grad_out)
+                if g is not None:
+                    out.backward(g)
                 return out
-            return r
+            return run
         steps = {n: step(f) for n, f in runs.items()}
-        outs, errors = warm(steps, DEV)
-        row.setdefault("compile_and_warm_s", round(time.perf_counter() - t0, 1))
+        _, errors = warm(steps, DEV)
+        row[f"compile_and_warm_s_{ps}"] = round(time.perf_counter() - t0, 1)
         if errors:
             row[f"errors_{ps}"] = errors
         steps = {n: f for n, f in steps.items() if n not in errors}
-        ref = outs.get("library")
-        if ref is not None:
-            row[f"max_diff_{ps}"] = {n: round((o.float() - ref.float()).abs().max().item(), 4)
-                                     for n, o in outs.items() if n != "library"}
+        if "library" in steps:
+            diffs: dict[str, Any] = {}
+            grads = {}
+            for n, f in steps.items():  # each form once more: its output, and its gradients in fwd+bwd
+                out = f()
+                grads[n] = (out.detach().float(), *(t.grad.float() if t.grad is not None else None for t in tensors))
+            ref = grads["library"]
+            for n, got in grads.items():
+                if n != "library":
+                    diffs[n] = [None if a is None or e is None else round((a - e).abs().max().item(), 4)
+                                for a, e in zip(got, ref, strict=True)]
+            row[f"max_diff_{ps}"] = {"order": ["out", "dq", "dk", "dv"][:1 + 3 * (g is not None)], **{
+                n: v[:1 + 3 * (g is not None)] for n, v in diffs.items()}}
         if not steps:
             continue
         fast = min(interleaved(steps, DEV, iters=3).values())
@@ -161,7 +189,8 @@ def main() -> None:
         print("case", r["case"], {k: v for k, v in r.items() if k.endswith("over_form") or k.startswith("error")},
               flush=True)
         write_report(__doc__, "ms per call (median); *_library_over_form: the library call's time / the form's "
-                     "(below 1: the form is slower)", rows)
+                     "(below 1: the form is slower); max_diff_*: max |form - library| of the output (and dq, dk, dv)",
+                     rows)
 
 
 if __name__ == "__main__":
