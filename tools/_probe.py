@@ -46,3 +46,29 @@ def write_report(doc: str, unit: str, rows: list[dict[str, Any]]) -> None:
     if len(sys.argv) > 1:
         with open(sys.argv[1], "w", encoding="utf-8") as f:
             json.dump(report, f, indent=1)
+
+
+def run_cases(doc: str, unit: str, cases: list[tuple[Any, ...]], one: Callable[..., dict[str, Any]],
+              shown: Callable[[str], bool]) -> None:
+    """`one(*case)` for each case, its row printed (the keys `shown` keeps) and the report rewritten after each: one
+    case's failure is its row, not the probe's end, and a time limit keeps the rows that landed."""
+    rows: list[dict[str, Any]] = []
+    for case in cases:
+        try:
+            rows.append(one(*case))
+        except Exception as e:
+            rows.append({"case": case[0], "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"})
+        r = rows[-1]
+        print("case", r["case"], {k: v for k, v in r.items() if shown(k) or k.startswith("error")}, flush=True)
+        write_report(doc, unit, rows)
+
+
+def race(runs: dict[str, Callable[[], Any]]) -> dict[str, dict[str, float]]:
+    """Each call's median ms in one interleaved race, with a sync per call and back to back (bench.timer's sample
+    counts, set by the fastest call of a short first race)."""
+    from attnkit.bench.timer import b2b_calls, interleaved, sync_iters
+
+    fast = min(interleaved(runs, DEV, iters=3).values())
+    s = interleaved(runs, DEV, iters=sync_iters(fast, 12))
+    bb = interleaved(runs, DEV, iters=12, calls=b2b_calls(fast))
+    return {n: {"sync_ms": round(s[n] * 1e3, 4), "b2b_ms": round(bb[n] * 1e3, 4)} for n in runs}

@@ -18,9 +18,9 @@ import types
 from typing import Any
 
 import torch
-from _probe import DEV, write_report
+from _probe import DEV, race, run_cases
 
-from attnkit.bench.timer import b2b_calls, interleaved, sync_iters, warm, warm_gpu
+from attnkit.bench.timer import warm, warm_gpu
 
 # (label, B, H, Sq, Sk, D, dtype, train, the other size seen first: (B, Sq, Sk))
 CASES = [
@@ -120,10 +120,7 @@ def one(label: str, b: int, h: int, sq: int, sk: int, d: int, dtype: str, train:
                                      for n, o in outs.items() if n != "flex_this_size_only"}
         if not runs:
             continue
-        fast = min(interleaved(runs, DEV, iters=3).values())
-        s = interleaved(runs, DEV, iters=sync_iters(fast, 12))
-        bb = interleaved(runs, DEV, iters=12, calls=b2b_calls(fast))
-        row[ps] = {n: {"sync_ms": round(s[n] * 1e3, 4), "b2b_ms": round(bb[n] * 1e3, 4)} for n in runs}
+        row[ps] = race(runs)
         if "flex_this_size_only" in runs and "flex_after_another_size" in runs:
             row[f"{ps}_first_size_over_later"] = {m: round(row[ps]["flex_after_another_size"][m] /
                                                           row[ps]["flex_this_size_only"][m], 3)
@@ -137,17 +134,9 @@ def main() -> None:
     allow_many_signatures()
     if DEV == "cuda":
         warm_gpu()
-    rows = []
-    for case in CASES if DEV == "cuda" else [("ALiBi chunk tiny", 1, 2, 64, 256, 16, "float32", False, (1, 128, 256))]:
-        try:
-            rows.append(one(*case))
-        except Exception as e:  # one shape's failure is its row, not the probe's end
-            rows.append({"case": case[0], "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"})
-        r = rows[-1]
-        print("case", r["case"], {k: v for k, v in r.items() if k.endswith("later") or k.startswith("error")},
-              flush=True)
-        write_report(__doc__, "ms per call (median); *_first_size_over_later: later-size time / first-size time",
-                     rows)
+    run_cases(__doc__, "ms per call (median); *_first_size_over_later: later-size time / first-size time",
+              CASES if DEV == "cuda" else [("ALiBi chunk tiny", 1, 2, 64, 256, 16, "float32", False, (1, 128, 256))],
+              one, lambda k: k.endswith("later"))
 
 
 if __name__ == "__main__":

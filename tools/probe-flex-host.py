@@ -28,9 +28,9 @@ from collections import Counter
 from typing import Any
 
 import torch
-from _probe import DEV, profiled_steps, write_report
+from _probe import DEV, profiled_steps, race, run_cases
 
-from attnkit.bench.timer import b2b_calls, interleaved, sync_iters, warm, warm_gpu
+from attnkit.bench.timer import warm, warm_gpu
 
 # (label, B, H, S_q, S_k, D, dtype, train)
 CASES = [
@@ -161,10 +161,7 @@ def one(label: str, b: int, h: int, sq: int, sk: int, d: int, dtype: str, train:
                 n: v[:1 + 3 * (g is not None)] for n, v in diffs.items()}}
         if not steps:
             continue
-        fast = min(interleaved(steps, DEV, iters=3).values())
-        s = interleaved(steps, DEV, iters=sync_iters(fast, 12))
-        bb = interleaved(steps, DEV, iters=12, calls=b2b_calls(fast))
-        row[ps] = {n: {"sync_ms": round(s[n] * 1e3, 4), "b2b_ms": round(bb[n] * 1e3, 4)} for n in steps}
+        row[ps] = race(steps)
         if "library" in steps:
             row[f"{ps}_library_over_form"] = {n: {m: round(row[ps]["library"][m] / row[ps][n][m], 3)
                                                   for m in ("sync_ms", "b2b_ms")} for n in steps if n != "library"}
@@ -179,18 +176,9 @@ def main() -> None:
     for_measurement()  # every size its own compiled kernel, as the validate and the bench time them
     if DEV == "cuda":
         warm_gpu()
-    rows = []
-    for case in CASES if DEV == "cuda" else [DRY]:
-        try:
-            rows.append(one(*case))
-        except Exception as e:  # one shape's failure is its row, not the probe's end
-            rows.append({"case": case[0], "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"})
-        r = rows[-1]
-        print("case", r["case"], {k: v for k, v in r.items() if k.endswith("over_form") or k.startswith("error")},
-              flush=True)
-        write_report(__doc__, "ms per call (median); *_library_over_form: the library call's time / the form's "
-                     "(below 1: the form is slower); max_diff_*: max |form - library| of the output (and dq, dk, dv)",
-                     rows)
+    run_cases(__doc__, "ms per call (median); *_library_over_form: the library call's time / the form's (below 1: the "
+              "form is slower); max_diff_*: max |form - library| of the output (and dq, dk, dv)",
+              CASES if DEV == "cuda" else [DRY], one, lambda k: k.endswith("over_form"))
 
 
 if __name__ == "__main__":
