@@ -524,7 +524,8 @@ def test_flex_matches_the_reference_on_cpu(kw):
 
 
 @pytest.mark.parametrize("kw", [{"causal": True}, {"causal": True, "alibi_slopes": torch.rand(4)},
-                                {"window": (3, 2), "alibi_slopes": torch.rand(4, 4)}])
+                                {"window": (3, 2), "alibi_slopes": torch.rand(4, 4)},
+                                {}])  # the document term alone
 def test_flex_packed_varlen_is_a_document_mask(kw):
     torch.manual_seed(1)
     lq, lk = [5, 0, 17, 9], [8, 3, 17, 4]  # cross lengths, an empty sequence

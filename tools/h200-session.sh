@@ -409,7 +409,7 @@ pack() {
   grep -v "Warning\|warnings.warn" "$R/alibi-graph.log" 2>/dev/null | cut -c1-400 | tail -n 12
   grep -h "^ok\|^failed\|^summary" "$R/flex-graph-dynamic.log" 2>/dev/null | cut -c1-700
   grep -h "^case" "$R/flex-first-size.log" 2>/dev/null | cut -c1-500
-  grep -h "^case" "$R/flex-host.log" 2>/dev/null | cut -c1-500
+  grep -h "^case" "$R/flex-host.log" 2>/dev/null | cut -c1-1200   # two passes, six forms: ~700 characters
   grep -h "^bench \|^summary" "$R/bench.log" "$R/bench-again.log" 2>/dev/null | cut -c1-600
   cat "$R/dispatch-overhead.json" 2>/dev/null | tr -d ' \n' | cut -c1-400; echo
 }

@@ -56,9 +56,10 @@ def library_entry(name: str) -> Any:
     return torch.compile(fn, dynamic=False) if DEV == "cuda" else fn
 
 
-def forms(b: int, h: int, sq: int, sk: int, d: int, dtype: str, grad: bool) -> tuple[dict[str, Any], Any, Any]:
+def forms(b: int, h: int, sq: int, sk: int, d: int, dtype: str, grad: bool) -> tuple[dict[str, Any], Any, Any, str]:
     """Each form as a no-argument call on the same (B, S, H, D) tensors (requiring grad when `grad`), the output
-    gradient (None without grad) and the tensors."""
+    gradient (None without grad), the tensors, and the backend attention()'s own pick runs (`attention_auto`
+    races the library call only where that is flex)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     import attnkit
@@ -102,7 +103,7 @@ def forms(b: int, h: int, sq: int, sk: int, d: int, dtype: str, grad: bool) -> t
         "attention_auto": lambda: attention(q, k, v, causal=True, alibi_slopes=slopes),
     }
     g = torch.randn(b, sq, h, d, device=DEV, dtype=dt, generator=gen) if grad else None
-    return runs, g, (q, k, v)
+    return runs, g, (q, k, v), attnkit.bind(q, k, v, causal=True, alibi_slopes=slopes).backend.name
 
 
 def kernels(fn: Any) -> dict[str, Any]:
@@ -125,11 +126,27 @@ def kernels(fn: Any) -> dict[str, Any]:
             "kernels_last_step": dict(names)}
 
 
+def max_diffs(steps: dict[str, Any], tensors: Any, grad: bool) -> dict[str, Any]:
+    """Each form once more: max |form - library| of its output, and of dq, dk, dv with `grad`."""
+    n_out = 4 if grad else 1
+    ref: Any = None
+    diffs: dict[str, Any] = {"order": ["out", "dq", "dk", "dv"][:n_out]}
+    for n in ("library", *(m for m in steps if m != "library")):
+        out = steps[n]()
+        got = (out.detach().float(), *(t.grad.float() for t in tensors if grad))
+        if ref is None:
+            ref = got
+        else:
+            diffs[n] = [round((a - e).abs().max().item(), 4) for a, e in zip(got, ref, strict=True)]
+    return diffs
+
+
 def one(label: str, b: int, h: int, sq: int, sk: int, d: int, dtype: str, train: bool) -> dict[str, Any]:
-    t0 = time.perf_counter()
     row: dict[str, Any] = {"case": label}
     for ps in ("fwd", "fwdbwd") if train else ("fwd",):
-        runs, g, tensors = forms(b, h, sq, sk, d, dtype, ps == "fwdbwd")
+        t0 = time.perf_counter()
+        runs, g, tensors, own = forms(b, h, sq, sk, d, dtype, ps == "fwdbwd")
+        row[f"own_pick_{ps}"] = own
 
         def step(f: Any, g: Any = g, tensors: Any = tensors) -> Any:
             def run() -> Any:
@@ -147,18 +164,10 @@ def one(label: str, b: int, h: int, sq: int, sk: int, d: int, dtype: str, train:
             row[f"errors_{ps}"] = errors
         steps = {n: f for n, f in steps.items() if n not in errors}
         if "library" in steps:
-            diffs: dict[str, Any] = {}
-            grads = {}
-            for n, f in steps.items():  # each form once more: its output, and its gradients in fwd+bwd
-                out = f()
-                grads[n] = (out.detach().float(), *(t.grad.float() if t.grad is not None else None for t in tensors))
-            ref = grads["library"]
-            for n, got in grads.items():
-                if n != "library":
-                    diffs[n] = [None if a is None or e is None else round((a - e).abs().max().item(), 4)
-                                for a, e in zip(got, ref, strict=True)]
-            row[f"max_diff_{ps}"] = {"order": ["out", "dq", "dk", "dv"][:1 + 3 * (g is not None)], **{
-                n: v[:1 + 3 * (g is not None)] for n, v in diffs.items()}}
+            try:
+                row[f"max_diff_{ps}"] = max_diffs(steps, tensors, g is not None)
+            except Exception as e:  # the race still runs; the check's failure is its entry
+                row[f"max_diff_{ps}"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
         if not steps:
             continue
         row[ps] = race(steps)
