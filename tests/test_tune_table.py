@@ -507,7 +507,7 @@ def _packed(lens):
     {"causal": True}, {"causal": True, "alibi": True}, {"window": (7, 3), "softcap": 5.0},
     {"causal": True, "sq": 20, "sk": 50, "alibi": True}, {"causal": True, "sq": 50, "sk": 20},
     {"alibi_batch": True, "sq": 30, "sk": 40},
-    # one-sided windows (the mask holds only the terms the call has), and one unbounded on both sides (no mask)
+    # one-sided windows, and one unbounded on both sides (no mask at all)
     {"window": (-1, 4)}, {"window": (5, -1), "alibi": True}, {"window": (-1, -1), "sq": 20, "sk": 50},
 ])
 def test_flex_matches_the_reference_on_cpu(kw):

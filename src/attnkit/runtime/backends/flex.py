@@ -218,19 +218,14 @@ def mask_and_score(call: AttentionCall, p: Params, device: Any) -> tuple[Any, An
             return slopes[b, h] if slopes.dim() == 2 else slopes[h]
 
     def mask_mod(b: Any, h: Any, qi: Any, kj: Any) -> Any:
-        # only the conditions the call has: the kernel evaluates this on every element of its partial blocks, in
-        # the backward too, so an always-true term (kj >= 0) would cost there what a user's mask does not
         d = line(qi)
-        terms = [same_doc(qi, kj)] if same_doc is not None else []
+        ok = same_doc(qi, kj) if same_doc is not None else kj >= 0
         if causal:
-            terms.append(kj <= d)
+            ok = ok & (kj <= d)
         if window is not None and window[0] >= 0:
-            terms.append(kj >= d - window[0])
+            ok = ok & (kj >= d - window[0])
         if window is not None and window[1] >= 0:
-            terms.append(kj <= d + window[1])
-        ok = terms[0]  # never empty where a mask is made: a window unbounded on both sides is none (Inputs.prepare)
-        for t in terms[1:]:
-            ok = ok & t
+            ok = ok & (kj <= d + window[1])
         return ok
 
     if not (call.varlen or causal or window is not None):
